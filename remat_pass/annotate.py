@@ -1,0 +1,389 @@
+"""Stage 2: annotate the joint graph and distil the torch-free planning ``Problem``.
+
+For every node: forward or backward, the storage it lives in (views and aliases share their
+base's storage and are charged once), its FLOPs (``torch.utils.flop_counter``'s formulas), an
+estimated recompute time (roofline, see ``costs``), and flags: random, mutation, view, matmul,
+attention core, available (parameters, buffers, inputs). The record is stored on each node as
+``node.meta["remat"]``; the networkx graph is a view derived from it on demand.
+
+Forward, here, means "does not depend on a tangent": such a node could run in the forward
+pass and be saved, or run again in backward. Everything that reads a tangent is backward.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import networkx as nx
+import torch
+from torch import fx
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._pytree import tree_flatten, tree_map
+
+from solvers.problem import (
+    TAG_ATTENTION_CORE,
+    TAG_MATMUL,
+    TAG_MUTATION,
+    TAG_RANDOM,
+    TAG_VIEW,
+    Problem,
+    Value,
+)
+
+from .capture import JointGraph
+from .costs import DeviceProfile, get_profile
+
+logger = logging.getLogger(__name__)
+
+META_KEY = "remat"
+FORWARD, BACKWARD = "forward", "backward"
+NO_STORAGE = 0  # storage index shared by values that hold no bytes of their own (tuples, symbols)
+
+_MATMUL_OPS = {"mm", "bmm", "addmm", "baddbmm", "matmul", "linear", "convolution", "_convolution"}
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """What annotate learned about one joint-graph node (``node.meta["remat"]``)."""
+
+    phase: str
+    value_id: int | None
+    storage_bytes: int
+    flops: int
+    recompute_seconds: float
+    tags: frozenset[str]
+    module: str
+
+
+@dataclass(frozen=True)
+class AnnotatedGraph:
+    """The planning problem plus the map back from value ids to joint-graph nodes."""
+
+    joint: JointGraph
+    problem: Problem
+    nodes: tuple[fx.Node, ...]
+
+    def to_networkx(self) -> nx.DiGraph:
+        """The whole joint graph as a DiGraph: node attributes from ``node.meta["remat"]``."""
+        graph = nx.DiGraph()
+        for node in self.joint.module.graph.nodes:
+            info: NodeInfo | None = node.meta.get(META_KEY)
+            attrs = vars(info).copy() if info else {"phase": node.op}
+            graph.add_node(node.name, op=str(node.target), **attrs)
+            for source in node.all_input_nodes:
+                graph.add_edge(source.name, node.name)
+        return graph
+
+
+def annotate(joint: JointGraph, device: str | DeviceProfile = "cpu") -> AnnotatedGraph:
+    """Annotate every node of ``joint`` in place (``meta["remat"]``) and build the Problem."""
+    profile = get_profile(device)
+    graph = joint.module.graph
+    backward_nodes = _tangent_dependent(graph)
+    storages = _StorageTable()
+    values: list[Value] = []
+    value_nodes: list[fx.Node] = []
+    ids: dict[fx.Node, int] = {}
+
+    for node in graph.nodes:
+        if node.op == "output" or node in backward_nodes:
+            continue
+        value = _make_value(node, len(values), ids, storages, profile)
+        ids[node] = value.id
+        values.append(value)
+        value_nodes.append(node)
+
+    _tag_attention_core(values)
+    backward_reads = _backward_reads(graph, joint.num_fwd_outputs, backward_nodes, ids)
+    problem = Problem(
+        values=tuple(values),
+        storage_bytes=tuple(storages.sizes),
+        backward_reads=frozenset(backward_reads),
+        device=profile.name,
+    )
+    _store_meta(graph, backward_nodes, ids, problem)
+    logger.debug(
+        "annotated %d forward values, %d backward reads, keep-all %d bytes",
+        len(values), len(backward_reads), problem.keep_all_bytes(),
+    )
+    return AnnotatedGraph(joint=joint, problem=problem, nodes=tuple(value_nodes))
+
+
+# --- classification -------------------------------------------------------------------------
+
+
+def _is_tangent(node: fx.Node) -> bool:
+    return node.op == "placeholder" and ("tangents" in node.name or "bwd_seed" in node.name)
+
+
+def _tangent_dependent(graph: fx.Graph) -> set[fx.Node]:
+    """Nodes that read a tangent, directly or not: the backward pass proper."""
+    backward: set[fx.Node] = set()
+    for node in graph.nodes:
+        if node.op == "output":
+            continue
+        if _is_tangent(node) or any(source in backward for source in node.all_input_nodes):
+            backward.add(node)
+    return backward
+
+
+def _backward_reads(
+    graph: fx.Graph, num_fwd_outputs: int, backward_nodes: set[fx.Node], ids: dict[fx.Node, int]
+) -> set[int]:
+    reads: set[int] = set()
+    for node in backward_nodes:
+        reads.update(ids[source] for source in node.all_input_nodes if source in ids)
+    output = next(iter(graph.find_nodes(op="output")))
+    gradients, _ = tree_flatten(output.args[0][num_fwd_outputs:])
+    reads.update(ids[g] for g in gradients if isinstance(g, fx.Node) and g in ids)
+    return reads
+
+
+# --- one value --------------------------------------------------------------------------------
+
+
+class _StorageTable:
+    """Assigns storage indices; a storage touched by an available value costs 0 bytes."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = [0]  # NO_STORAGE
+        self._index: dict[StorageWeakRef, int] = {}
+
+    def index_of(self, tensor: torch.Tensor, available: bool) -> int:
+        key = StorageWeakRef(tensor.untyped_storage())
+        if key not in self._index:
+            self._index[key] = len(self.sizes)
+            self.sizes.append(0 if available else _concrete(tensor.untyped_storage().nbytes()))
+        index = self._index[key]
+        if available:
+            self.sizes[index] = 0
+        return index
+
+
+def _make_value(
+    node: fx.Node, value_id: int, ids: dict[fx.Node, int], storages: _StorageTable, profile: DeviceProfile
+) -> Value:
+    val = node.meta.get("val")
+    available = node.op in ("placeholder", "get_attr") or _is_symbolic(val)
+    tags = set(_op_tags(node))
+    is_tensor = isinstance(val, torch.Tensor)
+    if is_tensor:
+        aliases_input = any(
+            isinstance(source.meta.get("val"), torch.Tensor) and _same_storage(source.meta["val"], val)
+            for source in node.all_input_nodes
+        )
+        if aliases_input and node.op == "call_function":
+            tags.add(TAG_VIEW)
+        storage = storages.index_of(val, available)
+    else:
+        storage = NO_STORAGE
+        if node.op == "call_function" and _aliases_inputs(node, val):
+            tags.add(TAG_VIEW)  # split/unbind/chunk: a tuple of views
+    flops = _flops(node) if node.op == "call_function" else 0
+    seconds = 0.0
+    if node.op == "call_function" and TAG_VIEW not in tags and node.target is not operator.getitem:
+        seconds = profile.op_seconds(flops, _bytes_moved(node), _dtype_of(val))
+    recomputable = not available and not tags & {TAG_RANDOM, TAG_MUTATION} and node.op == "call_function"
+    return Value(
+        id=value_id,
+        name=node.name,
+        inputs=tuple(sorted({ids[s] for s in node.all_input_nodes if s in ids})),
+        storage=storage,
+        recompute_seconds=seconds,
+        flops=flops,
+        recomputable=recomputable,
+        keepable=is_tensor and not available,
+        available=available,
+        module=module_path(node),
+        op=_op_name(node),
+        tags=frozenset(tags),
+    )
+
+
+def _op_tags(node: fx.Node) -> Iterable[str]:
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        return
+    if torch.Tag.nondeterministic_seeded in target.tags:
+        yield TAG_RANDOM
+    if target._schema.is_mutable or _is_impure(node):
+        yield TAG_MUTATION
+    if target.overloadpacket.__name__ in _MATMUL_OPS:
+        yield TAG_MATMUL
+    if "scaled_dot_product" in target.overloadpacket.__name__:
+        yield TAG_MATMUL
+        yield TAG_ATTENTION_CORE
+
+
+def _is_impure(node: fx.Node) -> bool:
+    try:
+        return node.is_impure(impure_random=False)  # type: ignore[call-arg]
+    except TypeError:  # older torch: no impure_random argument
+        return node.is_impure()
+
+
+def _op_name(node: fx.Node) -> str:
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return f"{target.overloadpacket.__name__}.{target._overloadname}"
+    return getattr(target, "__name__", str(target))
+
+
+_MODULE_PATH_PARTS = re.compile(r"\._modules\[['\"]([^'\"]+)['\"]\]|\[['\"]([^'\"]+)['\"]\]|\[(\d+)\]")
+
+
+def module_path(node: fx.Node) -> str:
+    """Dotted path of the innermost nn.Module that produced ``node`` ("blocks.0.attn")."""
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return ""
+    raw = list(stack.values())[-1][0]
+    raw = re.sub(r"^L\[['\"](self|fn|mod|model)['\"]\]\.?", "", raw)
+    path = _MODULE_PATH_PARTS.sub(lambda m: "." + next(g for g in m.groups() if g is not None), raw)
+    return path.strip(".").replace("..", ".")
+
+
+def _aliases_inputs(node: fx.Node, val: Any) -> bool:
+    outputs = [t for t in tree_flatten(val)[0] if isinstance(t, torch.Tensor)]
+    inputs = [s.meta["val"] for s in node.all_input_nodes if isinstance(s.meta.get("val"), torch.Tensor)]
+    return bool(outputs) and all(any(_same_storage(o, i) for i in inputs) for o in outputs)
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    try:
+        return StorageWeakRef(a.untyped_storage()) == StorageWeakRef(b.untyped_storage())
+    except (NotImplementedError, RuntimeError):  # sparse or opaque tensors have no storage
+        return False
+
+
+def _is_symbolic(val: Any) -> bool:
+    return isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool))
+
+
+def _concrete(x: Any) -> int:
+    """An int for a possibly symbolic size: its hint, without adding a guard."""
+    if isinstance(x, torch.SymInt):
+        hint = x.node.hint
+        return int(hint) if hint is not None else 0
+    return int(x)
+
+
+def _dtype_of(val: Any) -> torch.dtype:
+    if isinstance(val, torch.Tensor):
+        return val.dtype
+    if isinstance(val, (tuple, list)):
+        for item in val:
+            if isinstance(item, torch.Tensor):
+                return item.dtype
+    return torch.float32
+
+
+def _tensor_bytes(val: Any) -> int:
+    flat, _ = tree_flatten(val)
+    return sum(_concrete(t.numel()) * t.element_size() for t in flat if isinstance(t, torch.Tensor))
+
+
+def _bytes_moved(node: fx.Node) -> int:
+    """Bytes read plus bytes written: the memory-bound op's cost."""
+    read = sum(_tensor_bytes(source.meta.get("val")) for source in node.all_input_nodes)
+    return read + _tensor_bytes(node.meta.get("val"))
+
+
+def _flops(node: fx.Node) -> int:
+    """FLOPs by torch.utils.flop_counter's formulas; 0 for ops it has none for."""
+    from torch.utils.flop_counter import flop_registry
+
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload) or target.overloadpacket not in flop_registry:
+        return 0
+    meta = lambda a: a.meta.get("val") if isinstance(a, fx.Node) else a  # noqa: E731
+    try:
+        count = flop_registry[target.overloadpacket](
+            *tree_map(meta, node.args), **tree_map(meta, node.kwargs), out_val=node.meta.get("val")
+        )
+    except Exception as error:  # a formula that cannot read fake/symbolic shapes: count 0, say so
+        logger.debug("no FLOP count for %s: %s", node.format_node(), error)
+        return 0
+    return _concrete(count)
+
+
+# --- graph-level tags -------------------------------------------------------------------------
+
+
+def _is_activation_matmul(value: Value, values: list[Value], storage_bytes_zero: set[int]) -> bool:
+    """A matmul of two activations (Q·Kᵀ, P·V), not of an activation and a weight."""
+    if TAG_MATMUL not in value.tags or len(value.inputs) < 2:
+        return False
+    return all(values[i].storage not in storage_bytes_zero for i in value.inputs)
+
+
+def _tag_attention_core(values: list[Value]) -> None:
+    """Tag the values between two activation-by-activation matmuls: the attention core.
+
+    From each such matmul, walk forward through non-matmul values; if another activation
+    matmul is reached, everything on the way (scale, mask, softmax, dropout) is core, as in
+    Megatron-LM's selective recompute.
+    """
+    available_storages = {v.storage for v in values if v.available} | {NO_STORAGE}
+    users: list[list[int]] = [[] for _ in values]
+    for value in values:
+        for source in value.inputs:
+            users[source].append(value.id)
+    core: set[int] = set()
+    for start in values:
+        if not _is_activation_matmul(start, values, available_storages):
+            continue
+        reached, frontier = {start.id}, [start.id]
+        while frontier:
+            current = frontier.pop()
+            for user in users[current]:
+                if user not in reached:
+                    reached.add(user)
+                    if TAG_MATMUL not in values[user].tags:
+                        frontier.append(user)
+        for end in reached - {start.id}:
+            if _is_activation_matmul(values[end], values, available_storages):
+                core |= {start.id, end} | _ancestors_within(values, end, reached)
+    for i in core:
+        values[i] = _with_tag(values[i], TAG_ATTENTION_CORE)
+
+
+def _ancestors_within(values: list[Value], end: int, region: set[int]) -> set[int]:
+    found, frontier = set(), [end]
+    while frontier:
+        for source in values[frontier.pop()].inputs:
+            if source in region and source not in found:
+                found.add(source)
+                frontier.append(source)
+    return found
+
+
+def _with_tag(value: Value, tag: str) -> Value:
+    from dataclasses import replace
+
+    return replace(value, tags=value.tags | {tag})
+
+
+def _store_meta(graph: fx.Graph, backward_nodes: set[fx.Node], ids: dict[fx.Node, int], problem: Problem) -> None:
+    for node in graph.nodes:
+        if node.op == "output":
+            continue
+        value_id = ids.get(node)
+        if value_id is None:
+            node.meta[META_KEY] = NodeInfo(BACKWARD, None, 0, _flops(node), 0.0, frozenset(), module_path(node))
+            continue
+        value = problem.values[value_id]
+        node.meta[META_KEY] = NodeInfo(
+            FORWARD,
+            value_id,
+            problem.storage_bytes[value.storage],
+            value.flops,
+            value.recompute_seconds,
+            value.tags,
+            value.module,
+        )
+

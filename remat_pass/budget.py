@@ -1,0 +1,81 @@
+"""Budget parsing: what the user may pass and what it means in bytes.
+
+A float in (0, 1] is a fraction of the bytes the un-rematerialized step saves for backward
+(known only once the graph is captured); an int or a size string ("512MB", "2GiB") is an
+absolute cap. Booleans are rejected even though ``True`` is an int: ``budget=True`` is a bug.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from .errors import InvalidBudgetError
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_ACCEPTED = (
+    "a budget is a float in (0, 1] (fraction of the activation bytes the un-rematerialized step keeps), "
+    "a positive int (bytes), or a size string such as '512MB', '1.5GB' or '2GiB' "
+    f"(units: {', '.join(u for u in _UNITS if u)})"
+)
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A parsed budget: exactly one of ``fraction`` and ``nbytes`` is set."""
+
+    fraction: float | None = None
+    nbytes: int | None = None
+
+    def resolve(self, keep_all_bytes: int) -> int:
+        """Bytes allowed, given what the un-rematerialized step keeps."""
+        if self.nbytes is not None:
+            return self.nbytes
+        assert self.fraction is not None
+        return int(math.floor(self.fraction * keep_all_bytes + 1e-9))
+
+    def __str__(self) -> str:
+        return f"{self.fraction:g} of keep-all" if self.fraction is not None else f"{self.nbytes} bytes"
+
+
+def parse_budget(value: object) -> Budget:
+    """Validate a user's budget; raise InvalidBudgetError saying what is accepted.
+
+    >>> parse_budget(0.4), parse_budget("2GiB").nbytes, parse_budget(300_000_000).nbytes
+    (Budget(fraction=0.4, nbytes=None), 2147483648, 300000000)
+    """
+    if isinstance(value, Budget):
+        return value
+    if isinstance(value, bool) or value is None:
+        raise InvalidBudgetError(f"invalid budget {value!r}: {_ACCEPTED}")
+    if isinstance(value, int):
+        if value <= 0:
+            raise InvalidBudgetError(f"invalid budget {value!r}: byte budgets must be positive; {_ACCEPTED}")
+        return Budget(nbytes=value)
+    if isinstance(value, float):
+        if not (0.0 < value <= 1.0) or math.isnan(value):
+            raise InvalidBudgetError(
+                f"invalid budget {value!r}: a float is a fraction and must lie in (0, 1]; "
+                f"for an absolute cap pass an int or a string like '512MB'"
+            )
+        return Budget(fraction=value)
+    if isinstance(value, str):
+        return Budget(nbytes=_parse_size(value))
+    raise InvalidBudgetError(f"invalid budget of type {type(value).__name__}: {_ACCEPTED}")
+
+
+def _parse_size(text: str) -> int:
+    match = _SIZE.match(text)
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _UNITS:
+        raise InvalidBudgetError(f"invalid budget {text!r}: {_ACCEPTED}")
+    nbytes = int(float(match.group(1)) * _UNITS[unit])
+    if nbytes <= 0:
+        raise InvalidBudgetError(f"invalid budget {text!r}: the size must be positive")
+    return nbytes

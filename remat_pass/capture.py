@@ -1,0 +1,140 @@
+"""Stage 1: capture the joint forward+backward graph through TorchDynamo and AOTAutograd.
+
+AOTAutograd traces forward and backward together into one functional graph and then asks a
+*partition function* to split it into a forward graph (which returns the outputs plus what
+backward needs) and a backward graph. That hook is exactly where keep/recompute is decided,
+so capture does not trace anything itself: it builds a dynamo backend whose partition
+function hands each joint graph to a planner (``JointGraphHandler``) and returns the planner's
+pair of graphs. ``optimize`` and the ``torch.compile`` backend both go through
+``make_dynamo_backend``; each subgraph between graph breaks is partitioned on its own.
+
+The inner compiler compiles the two rewritten graphs: ``"eager"`` runs them as FX Python code
+(boxed, so that saved tensors are freed as soon as backward is done with them), ``"inductor"``
+lets Inductor compile them with our partitioner installed as its custom partitioner.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+from torch import fx
+
+from .errors import CaptureError
+
+logger = logging.getLogger(__name__)
+
+INNER_COMPILERS = ("eager", "inductor")
+
+
+@dataclass(frozen=True)
+class JointGraph:
+    """One joint forward+backward graph as AOTAutograd hands it to the partitioner.
+
+    ``module``'s output node returns the ``num_fwd_outputs`` forward outputs (user outputs and
+    updated buffers) followed by the gradients. ``partition_kwargs`` are the extra keyword
+    arguments AOTAutograd passed; they go back unchanged when the graphs are extracted.
+    """
+
+    module: fx.GraphModule
+    num_fwd_outputs: int
+    partition_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+JointGraphHandler = Callable[[JointGraph], "tuple[fx.GraphModule, fx.GraphModule]"]
+
+
+def _partition_fn(handler: JointGraphHandler) -> Callable[..., tuple[fx.GraphModule, fx.GraphModule]]:
+    """Adapt a handler to AOTAutograd's ``partition_fn(joint, joint_inputs, *, num_fwd_outputs, ...)``."""
+
+    def partition(
+        joint_module: fx.GraphModule, _joint_inputs: Any, *, num_fwd_outputs: int, **kwargs: Any
+    ) -> tuple[fx.GraphModule, fx.GraphModule]:
+        kwargs.pop("compiler", None)
+        return handler(JointGraph(joint_module, num_fwd_outputs, dict(kwargs)))
+
+    return partition
+
+
+def _boxed_eager(gm: fx.GraphModule, _example_inputs: Sequence[Any]) -> Callable[[list[Any]], Any]:
+    """Run a graph as generated Python that takes its arguments as a list and clears it.
+
+    Boxed calling lets the graph drop each saved tensor after its last use in backward;
+    an unboxed call would keep every argument alive until the whole graph returns.
+    """
+    from torch.fx.graph import _BoxedCodeGen
+
+    gm.graph.set_codegen(_BoxedCodeGen())
+    gm.recompile()
+    forward = gm.forward
+
+    def run(args: list[Any]) -> Any:
+        return forward(args)
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
+
+
+try:  # Inductor type-checks custom partitioners against this base class
+    from torch._inductor.custom_graph_pass import CustomPartitionerFn as _PartitionerBase
+except ImportError:  # older torch: no custom partitioner support at all (checked below)
+    _PartitionerBase = object  # type: ignore[misc,assignment]
+
+
+class _InductorPartitioner(_PartitionerBase):  # type: ignore[misc,valid-type]
+    """Our partition function in the shape Inductor accepts as ``custom_partitioner_fn``."""
+
+    def __init__(self, handler: JointGraphHandler) -> None:
+        self._partition = _partition_fn(handler)
+
+    def __call__(self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any):
+        return self._partition(gm, joint_inputs, **kwargs)
+
+    def uuid(self) -> None:
+        # Plans depend on the budget and the solver; never let Inductor's caches reuse one.
+        return None
+
+
+def _inductor_backend(handler: JointGraphHandler) -> Callable[[fx.GraphModule, list[Any]], Any]:
+    from torch._inductor import config as inductor_config
+    from torch._inductor.compile_fx import compile_fx
+
+    if not hasattr(inductor_config, "custom_partitioner_fn"):
+        raise CaptureError(
+            f"inner='inductor' needs torch._inductor.config.custom_partitioner_fn, which torch "
+            f"{torch.__version__} lacks; use inner='eager' or a newer torch"
+        )
+    partitioner = _InductorPartitioner(handler)
+
+    def compile_with_inductor(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+        # The FX graph cache would try to pickle the partitioner into its key; plans are not
+        # cacheable anyway (they depend on the budget), so compile without it.
+        with inductor_config.patch(custom_partitioner_fn=partitioner, fx_graph_cache=False):
+            return compile_fx(gm, example_inputs)
+
+    return compile_with_inductor
+
+
+def make_dynamo_backend(handler: JointGraphHandler, inner: str = "eager") -> Callable[..., Any]:
+    """A ``torch.compile`` backend that partitions every joint graph with ``handler``."""
+    if inner == "inductor":
+        return _inductor_backend(handler)
+    if inner != "eager":
+        raise ValueError(f"inner compiler must be one of {INNER_COMPILERS}, got {inner!r}")
+    from torch._dynamo.backends.common import aot_autograd
+
+    return aot_autograd(fw_compiler=_boxed_eager, bw_compiler=_boxed_eager, partition_fn=_partition_fn(handler))
+
+
+def capture_failure(error: BaseException) -> CaptureError:
+    """Turn a dynamo/AOTAutograd exception into an error that says what to do next."""
+    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return CaptureError(
+        f"could not capture the model as one graph: {type(error).__name__}: {reason}\n"
+        "Common causes: data-dependent control flow (`if x.sum() > 0`), calls into code torch.compile "
+        "cannot trace, or Python side effects in forward. Make forward traceable, or use "
+        "torch.compile(model, backend=remat_pass.backend(...)), which plans each piece between graph "
+        "breaks separately. Set TORCH_LOGS=graph_breaks to see where tracing stopped."
+    )

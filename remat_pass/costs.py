@@ -1,0 +1,58 @@
+"""How long an op takes to recompute: a roofline per device, not FLOPs alone.
+
+``torch.utils.flop_counter`` gives FLOPs for matmuls and attention only; norms, softmax and
+pointwise ops count 0 there, and a planner that believes them free would recompute them all
+even when they move a lot of memory. Here an op costs the larger of its compute time and its
+memory time (bytes read + written over bandwidth), plus a fixed launch overhead.
+Views and reshapes cost nothing: they move no data.
+
+The numbers are published peak figures derated to what dense kernels typically reach; they
+rank choices, they do not predict wall time to the microsecond.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """Sustained throughput of one device. Units: FLOP/s, bytes/s, seconds."""
+
+    name: str
+    flops_per_second: dict[str, float]
+    bytes_per_second: float
+    launch_overhead_seconds: float
+
+    def matmul_rate(self, dtype: torch.dtype) -> float:
+        key = {torch.float16: "16bit", torch.bfloat16: "16bit"}.get(dtype, "32bit")
+        return self.flops_per_second[key]
+
+    def op_seconds(self, flops: int, bytes_moved: int, dtype: torch.dtype) -> float:
+        compute = flops / self.matmul_rate(dtype)
+        memory = bytes_moved / self.bytes_per_second
+        return self.launch_overhead_seconds + max(compute, memory)
+
+
+DEVICE_PROFILES: dict[str, DeviceProfile] = {
+    # A 2-core x86 server slice: ~100 GFLOP/s fp32 GEMM, ~15 GB/s streaming.
+    "cpu": DeviceProfile("cpu", {"32bit": 1.0e11, "16bit": 0.5e11}, 1.5e10, 2e-6),
+    # Dense tensor-core peaks (A100 312 / H100 989 / H200 989 TFLOP/s bf16), ~70% sustained;
+    # fp32 without TF32; HBM bandwidth 2.0 / 3.35 / 4.8 TB/s, ~80% sustained.
+    "a100": DeviceProfile("a100", {"32bit": 19.5e12 * 0.7, "16bit": 312e12 * 0.7}, 2.0e12 * 0.8, 4e-6),
+    "h100": DeviceProfile("h100", {"32bit": 67e12 * 0.7, "16bit": 989e12 * 0.7}, 3.35e12 * 0.8, 4e-6),
+    "h200": DeviceProfile("h200", {"32bit": 67e12 * 0.7, "16bit": 989e12 * 0.7}, 4.8e12 * 0.8, 4e-6),
+}
+
+
+def get_profile(device: str | DeviceProfile) -> DeviceProfile:
+    """Look a profile up by name ("cpu", "a100", "h100", "h200"); "cuda" means h100."""
+    if isinstance(device, DeviceProfile):
+        return device
+    name = {"cuda": "h100"}.get(device, device)
+    try:
+        return DEVICE_PROFILES[name]
+    except KeyError:
+        raise ValueError(f"unknown device profile {device!r}; choose one of {sorted(DEVICE_PROFILES)}") from None

@@ -1,0 +1,146 @@
+"""Stage 4: rewrite the joint graph into a forward graph and a recomputing backward graph.
+
+The forward graph returns the user outputs plus the kept tensors; the backward graph takes
+the kept tensors and the tangents, recomputes each chosen value *just before its first use*
+and lets it go after its last use (FX code drops a value after its last reader), so memory
+really falls instead of every recomputation piling up at the start of backward.
+
+Extraction itself is AOTAutograd's own ``_extract_fwd_bwd_modules``: it knows the calling
+convention the AOTAutograd runtime expects (saved symbols first, version-counter checks,
+seeds), which changes between torch releases; we only choose what is saved and reorder.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+
+from torch import fx
+from torch._functorch import partitioners
+
+from solvers.problem import Plan
+
+from .annotate import AnnotatedGraph
+from .errors import RematError
+
+logger = logging.getLogger(__name__)
+
+
+def rewrite(annotated: AnnotatedGraph, plan: Plan) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """Split the joint graph as ``plan`` says; returns ``(forward_module, backward_module)``."""
+    if plan.problem is not annotated.problem:
+        raise RematError("plan was made for a different problem than the one being rewritten")
+    saved_values, saved_symbols = _saved_nodes(annotated, plan)
+    joint = annotated.joint
+    forward, backward = _extract(joint.module, saved_values, saved_symbols, joint.num_fwd_outputs, joint.partition_kwargs)
+    recomputed_names = {annotated.nodes[i].name for i in plan.recomputed}
+    _drop_unused_forward_copies(backward.graph, annotated, recomputed_names)
+    _check_recomputation(backward, annotated, recomputed_names)
+    _schedule_just_in_time(backward.graph, recomputed_names)
+    for module in (forward, backward):
+        module.graph.lint()
+        module.recompile()
+    return forward, backward
+
+
+def _saved_nodes(annotated: AnnotatedGraph, plan: Plan) -> tuple[list[fx.Node], list[fx.Node]]:
+    """Kept values, plus the available inputs (parameters, inputs, symbols) backward reads."""
+    problem = annotated.problem
+    needed = set(problem.backward_reads) | set(plan.kept)
+    for i in plan.recomputed:
+        needed.update(problem.values[i].inputs)
+    tensors, symbols = [], []
+    for i in sorted(needed - plan.recomputed):
+        node = annotated.nodes[i]
+        if _is_symbol(node):
+            symbols.append(node)
+        elif i in plan.kept or node.op == "placeholder":
+            tensors.append(node)  # constants (get_attr) are not passed: extraction copies them
+    return tensors, symbols
+
+
+def _is_symbol(node: fx.Node) -> bool:
+    import torch
+
+    return isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool))
+
+
+def _extract(
+    joint_module: fx.GraphModule,
+    saved_values: list[fx.Node],
+    saved_symbols: list[fx.Node],
+    num_fwd_outputs: int,
+    partition_kwargs: dict,
+) -> tuple[fx.GraphModule, fx.GraphModule]:
+    extract = partitioners._extract_fwd_bwd_modules
+    accepted = inspect.signature(extract).parameters
+    kwargs = {"num_fwd_outputs": num_fwd_outputs}
+    static_indices = partition_kwargs.get("static_lifetime_input_indices")
+    if "static_lifetime_input_nodes" in accepted and static_indices is not None:
+        from torch.utils._ordered_set import OrderedSet
+
+        placeholders = joint_module.graph.find_nodes(op="placeholder")
+        kwargs["static_lifetime_input_nodes"] = OrderedSet(placeholders[i] for i in static_indices)
+    return extract(joint_module, list(saved_values), list(saved_symbols), **kwargs)
+
+
+def _drop_unused_forward_copies(graph: fx.Graph, annotated: AnnotatedGraph, recomputed_names: set[str]) -> None:
+    """Erase forward ops that extraction copied into backward although nothing reads them.
+
+    Extraction copies every node whose inputs are present; dead-code elimination then keeps
+    the impure ones, so a dropout whose input happens to be recomputed would run again in
+    backward (drawing random numbers for nothing).
+    """
+    forward_names = {node.name for node in annotated.nodes}
+    for node in reversed(list(graph.nodes)):
+        if node.op == "call_function" and not node.users and node.name in forward_names - recomputed_names:
+            graph.erase_node(node)
+
+
+def _check_recomputation(backward: fx.GraphModule, annotated: AnnotatedGraph, recomputed_names: set[str]) -> None:
+    """The backward graph must recompute exactly what the plan says, nothing more."""
+    forward_names = {node.name for node in annotated.nodes}
+    present = {node.name for node in backward.graph.nodes if node.op == "call_function" and node.name in forward_names}
+    extra = present - recomputed_names
+    if extra:
+        raise RematError(
+            f"internal error: backward recomputes values the plan keeps or never chose: {sorted(extra)[:10]}"
+        )
+
+
+def _schedule_just_in_time(graph: fx.Graph, recomputed_names: set[str]) -> None:
+    """Move each recomputed node to just before the first backward node that needs it.
+
+    Backward's own nodes keep their order; a recomputed node is emitted (with its recomputed
+    inputs, depth first) only when a consumer is about to run.
+    """
+    nodes = list(graph.nodes)
+    is_recompute = {node: node.name in recomputed_names for node in nodes}
+    order: list[fx.Node] = []
+    placed: set[fx.Node] = set()
+
+    def place(root: fx.Node) -> None:
+        stack = [(root, False)]
+        while stack:
+            node, inputs_done = stack.pop()
+            if node in placed:
+                continue
+            if inputs_done:
+                placed.add(node)
+                order.append(node)
+                continue
+            stack.append((node, True))
+            for source in reversed(node.all_input_nodes):
+                if source not in placed and is_recompute.get(source, False):
+                    stack.append((source, False))
+
+    for node in nodes:
+        if not is_recompute[node]:
+            place(node)
+    previous = None
+    for node in order:
+        if previous is not None and previous.next is not node:
+            previous.append(node)
+        previous = node
+    moved = sum(1 for a, b in zip(nodes, graph.nodes) if a is not b)
+    logger.debug("just-in-time schedule moved %d backward nodes", moved)

@@ -1,0 +1,41 @@
+"""The error hierarchy shared by the planners and the torch side.
+
+It lives here, in the torch-free package, so that planners can raise the same types that
+``remat_pass`` users catch; ``remat_pass.errors`` re-exports all of them.
+"""
+
+from __future__ import annotations
+
+
+class RematError(Exception):
+    """Root of every error remat_pass raises on purpose."""
+
+
+class BudgetInfeasibleError(RematError, ValueError):
+    """No plan keeps at most the budget; says the smallest budget that would work."""
+
+    def __init__(self, budget_bytes: int, min_bytes: int, keep_all_bytes: int) -> None:
+        self.budget_bytes = budget_bytes
+        self.min_bytes = min_bytes
+        self.keep_all_bytes = keep_all_bytes
+        fraction = min_bytes / keep_all_bytes if keep_all_bytes else 0.0
+        super().__init__(
+            f"budget of {budget_bytes} bytes cannot be met: the smallest feasible budget for this graph is "
+            f"{min_bytes} bytes ({fraction:.4f} of the {keep_all_bytes} bytes the un-rematerialized step keeps). "
+            f"Pass budget={min_bytes} or budget={_ceil_fraction(fraction)} or more."
+        )
+
+
+class SolverError(RematError, RuntimeError):
+    """The solver ran but produced no usable plan (time limit without incumbent, crash)."""
+
+
+class SolverUnavailableError(RematError, ImportError):
+    """The requested solver backend is not installed or its binary is broken."""
+
+
+def _ceil_fraction(fraction: float) -> float:
+    """Round a fraction up at 4 decimals so that the suggested budget is itself feasible."""
+    scaled = fraction * 10_000
+    whole = int(scaled)
+    return (whole + (scaled > whole)) / 10_000
