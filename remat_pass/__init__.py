@@ -4,35 +4,57 @@
 >>> opt = remat_pass.optimize(model, budget=0.4)      # doctest: +SKIP
 >>> loss_fn(opt(x)).backward()                       # doctest: +SKIP
 >>> print(opt.plan)                                  # doctest: +SKIP
+
+Names are imported on first use, so that torch-free tools (``remat-pass estimate``) start fast.
 """
 
-from solvers.problem import Plan
+from __future__ import annotations
 
-from .api import RematModule, optimize
-from .backend import DEFAULT_BUDGET, backend
-from .budget import parse_budget
-from .errors import (
-    BudgetInfeasibleError,
-    CaptureError,
-    InvalidBudgetError,
-    RematError,
-    SolverError,
-    SolverUnavailableError,
-)
-from .measure import saved_activation_bytes
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = [
-    "optimize",
-    "backend",
-    "Plan",
-    "RematModule",
-    "DEFAULT_BUDGET",
-    "parse_budget",
-    "saved_activation_bytes",
-    "RematError",
-    "InvalidBudgetError",
-    "BudgetInfeasibleError",
-    "CaptureError",
-    "SolverError",
-    "SolverUnavailableError",
-]
+_EXPORTS = {
+    "optimize": "remat_pass.api",
+    "RematModule": "remat_pass.api",
+    "backend": "remat_pass.backend",
+    "DEFAULT_BUDGET": "remat_pass.backend",
+    "parse_budget": "remat_pass.budget",
+    "saved_activation_bytes": "remat_pass.measure",
+    "Plan": "solvers.problem",
+    "RematError": "remat_pass.errors",
+    "InvalidBudgetError": "remat_pass.errors",
+    "BudgetInfeasibleError": "remat_pass.errors",
+    "CaptureError": "remat_pass.errors",
+    "SolverError": "remat_pass.errors",
+    "SolverUnavailableError": "remat_pass.errors",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from solvers.problem import Plan
+
+    from .api import RematModule, optimize
+    from .backend import DEFAULT_BUDGET, backend
+    from .budget import parse_budget
+    from .errors import (
+        BudgetInfeasibleError,
+        CaptureError,
+        InvalidBudgetError,
+        RematError,
+        SolverError,
+        SolverUnavailableError,
+    )
+    from .measure import saved_activation_bytes
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'remat_pass' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -106,7 +106,7 @@ class RematModule(nn.Module):
     def plan_ahead(self, *example_inputs: Any) -> Plan | None:
         """Capture and plan for these inputs now, leaving buffers and RNG state as they were."""
         buffers = [buffer.detach().clone() for buffer in self.module.buffers()]
-        with torch.random.fork_rng(device_type=_device_type(example_inputs)):
+        with torch.random.fork_rng(devices=_cuda_devices(example_inputs)):
             self(*example_inputs)
         with torch.no_grad():
             for buffer, saved in zip(self.module.buffers(), buffers):
@@ -123,12 +123,10 @@ class RematModule(nn.Module):
         return repr(self._backend)
 
 
-def _device_type(inputs: tuple[Any, ...]) -> str:
+def _cuda_devices(inputs: tuple[Any, ...]) -> list[int]:
+    """CUDA devices whose RNG state a planning run might advance (CPU's is always saved)."""
     flat, _ = tree_flatten(inputs)
-    for leaf in flat:
-        if isinstance(leaf, torch.Tensor) and leaf.device.type != "cpu":
-            return leaf.device.type
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return sorted({leaf.device.index or 0 for leaf in flat if isinstance(leaf, torch.Tensor) and leaf.is_cuda})
 
 
 def optimize(

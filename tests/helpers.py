@@ -1,0 +1,58 @@
+"""Shared test helpers: one training step, run eagerly or through remat_pass, compared exactly."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from remat_pass.measure import saved_activation_bytes
+
+
+@dataclass
+class StepResult:
+    loss: torch.Tensor
+    grads: dict[str, torch.Tensor]
+    buffers: dict[str, torch.Tensor]
+    saved_bytes: int
+
+
+def run_step(
+    model: nn.Module,
+    call: Callable[..., torch.Tensor],
+    inputs: tuple[torch.Tensor, ...],
+    loss_fn: Callable[..., torch.Tensor],
+    seed: int = 1234,
+) -> StepResult:
+    """Forward under a fixed seed (same dropout masks), measure saved bytes, backward."""
+    for parameter in model.parameters():
+        parameter.grad = None
+    torch.manual_seed(seed)
+    exclude = [*inputs, *model.parameters(), *model.buffers()]
+    output, saved = saved_activation_bytes(lambda: call(*inputs), exclude=exclude)
+    loss = loss_fn(output, *inputs)
+    loss.backward()
+    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters() if p.grad is not None}
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    return StepResult(loss.detach(), grads, buffers, saved)
+
+
+def eager_reference(model: nn.Module, inputs, loss_fn, seed: int = 1234) -> StepResult:
+    reference = copy.deepcopy(model)
+    return run_step(reference, reference, inputs, loss_fn, seed)
+
+
+def assert_same_step(actual: StepResult, expected: StepResult, tol: float = 1e-5) -> None:
+    """Loss and every gradient within ``tol`` scaled to the magnitude; buffers equal."""
+    scale = max(1.0, expected.loss.abs().item())
+    assert abs(actual.loss.item() - expected.loss.item()) <= tol * scale, (actual.loss, expected.loss)
+    assert actual.grads.keys() == expected.grads.keys()
+    for name, grad in expected.grads.items():
+        difference = (actual.grads[name] - grad).abs().max().item()
+        assert difference <= tol * max(1.0, grad.abs().max().item()), f"gradient of {name} differs by {difference}"
+    assert actual.buffers.keys() == expected.buffers.keys()
+    for name, buffer in expected.buffers.items():
+        torch.testing.assert_close(actual.buffers[name], buffer, rtol=tol, atol=tol, msg=f"buffer {name}")
