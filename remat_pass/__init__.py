@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "optimize": "remat_pass.api",
     "RematModule": "remat_pass.api",
-    "backend": "remat_pass.backend",
-    "DEFAULT_BUDGET": "remat_pass.backend",
+    "backend": "remat_pass.dynamo_backend",
+    "DEFAULT_BUDGET": "remat_pass.dynamo_backend",
     "parse_budget": "remat_pass.budget",
     "saved_activation_bytes": "remat_pass.measure",
     "Plan": "solvers.problem",
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from solvers.problem import Plan
 
     from .api import RematModule, optimize
-    from .backend import DEFAULT_BUDGET, backend
+    from .dynamo_backend import DEFAULT_BUDGET, backend
     from .budget import parse_budget
     from .errors import (
         BudgetInfeasibleError,

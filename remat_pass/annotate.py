@@ -26,6 +26,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from solvers.problem import (
     TAG_ATTENTION_CORE,
+    TAG_DROPOUT_REPLAY,
     TAG_MATMUL,
     TAG_MUTATION,
     TAG_RANDOM,
@@ -83,6 +84,7 @@ def annotate(joint: JointGraph, device: str | DeviceProfile = "cpu") -> Annotate
     """Annotate every node of ``joint`` in place (``meta["remat"]``) and build the Problem."""
     profile = get_profile(device)
     graph = joint.module.graph
+    _order_dropout_masks(graph)
     backward_nodes = _tangent_dependent(graph)
     storages = _StorageTable()
     values: list[Value] = []
@@ -188,10 +190,18 @@ def _make_value(
     if node.op == "call_function" and TAG_VIEW not in tags and node.target is not operator.getitem:
         seconds = profile.op_seconds(flops, _bytes_moved(node), _dtype_of(val))
     recomputable = not available and not tags & {TAG_RANDOM, TAG_MUTATION} and node.op == "call_function"
+    sources = node.all_input_nodes
+    replay = dropout_replay_sources(node)
+    if replay is not None:
+        # Rebuilt as input * mask * scale in forward and again in backward: twice a pointwise op.
+        sources = list(replay)
+        tags.add(TAG_DROPOUT_REPLAY)
+        moved = sum(_tensor_bytes(s.meta.get("val")) for s in sources) + _tensor_bytes(val)
+        seconds = 2 * profile.op_seconds(0, moved, _dtype_of(val))
     return Value(
         id=value_id,
         name=node.name,
-        inputs=tuple(sorted({ids[s] for s in node.all_input_nodes if s in ids})),
+        inputs=tuple(sorted({ids[s] for s in sources if s in ids})),
         storage=storage,
         recompute_seconds=seconds,
         flops=flops,
@@ -202,6 +212,41 @@ def _make_value(
         op=_op_name(node),
         tags=frozenset(tags),
     )
+
+
+def _dropout_getitems(dropout: fx.Node) -> dict[int, fx.Node]:
+    return {user.args[1]: user for user in dropout.users if user.target is operator.getitem}
+
+
+def dropout_replay_sources(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+    """(input, mask) if ``node`` is a dropout output that can be rebuilt bit-exactly from them.
+
+    aten's CPU dropout computes ``input * mask * scale``; redoing those two multiplications
+    with the kept boolean mask gives the same bits for fp32/fp64 (checked in the tests), so
+    the 4-byte output need not be kept when the 1-byte mask is. CUDA kernels and low
+    precision round differently: there the output is kept instead.
+    """
+    if node.target is not operator.getitem or node.args[1] != 0:
+        return None
+    dropout = node.args[0]
+    if not isinstance(dropout, fx.Node) or dropout.target is not torch.ops.aten.native_dropout.default:
+        return None
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or val.device.type != "cpu" or val.dtype not in (torch.float32, torch.float64):
+        return None
+    mask = _dropout_getitems(dropout).get(1)
+    source = dropout.args[0]
+    if mask is None or not isinstance(source, fx.Node) or len(dropout.args) < 3 or dropout.args[2] is not True:
+        return None
+    return source, mask
+
+
+def _order_dropout_masks(graph: fx.Graph) -> None:
+    """Put each dropout's mask right after the dropout, so it precedes the output in topological order."""
+    for dropout in graph.find_nodes(op="call_function", target=torch.ops.aten.native_dropout.default):
+        mask = _dropout_getitems(dropout).get(1)
+        if mask is not None:
+            dropout.append(mask)
 
 
 def _op_tags(node: fx.Node) -> Iterable[str]:

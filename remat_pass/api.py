@@ -18,7 +18,7 @@ from torch.utils._pytree import tree_flatten
 
 from solvers.problem import Plan
 
-from .backend import DEFAULT_BUDGET, RematBackend
+from .dynamo_backend import DEFAULT_BUDGET, RematBackend
 from .capture import capture_failure
 from .costs import DeviceProfile
 from .errors import RematError

@@ -20,7 +20,7 @@ from torch._functorch import partitioners
 
 from solvers.problem import Plan
 
-from .annotate import AnnotatedGraph
+from .annotate import AnnotatedGraph, dropout_replay_sources
 from .errors import RematError
 
 logger = logging.getLogger(__name__)
@@ -32,8 +32,9 @@ def rewrite(annotated: AnnotatedGraph, plan: Plan) -> tuple[fx.GraphModule, fx.G
         raise RematError("plan was made for a different problem than the one being rewritten")
     saved_values, saved_symbols = _saved_nodes(annotated, plan)
     joint = annotated.joint
-    forward, backward = _extract(joint.module, saved_values, saved_symbols, joint.num_fwd_outputs, joint.partition_kwargs)
     recomputed_names = {annotated.nodes[i].name for i in plan.recomputed}
+    recomputed_names |= _replay_dropouts(annotated, plan)
+    forward, backward = _extract(joint.module, saved_values, saved_symbols, joint.num_fwd_outputs, joint.partition_kwargs)
     _drop_unused_forward_copies(backward.graph, annotated, recomputed_names)
     _check_recomputation(backward, annotated, recomputed_names)
     _schedule_just_in_time(backward.graph, recomputed_names)
@@ -41,6 +42,37 @@ def rewrite(annotated: AnnotatedGraph, plan: Plan) -> tuple[fx.GraphModule, fx.G
         module.graph.lint()
         module.recompile()
     return forward, backward
+
+
+def _replay_dropouts(annotated: AnnotatedGraph, plan: Plan) -> set[str]:
+    """Replace each recomputed dropout output by ``input * mask * scale`` in the joint graph.
+
+    The dropout op still runs once in forward, for its mask; every reader of its output,
+    in forward and in backward, reads the rebuilt product instead, so backward can redo it
+    from the kept mask without drawing random numbers. Returns the new nodes' names.
+    """
+    import torch
+
+    names: set[str] = set()
+    graph = annotated.joint.module.graph
+    for i in sorted(plan.recomputed):
+        output = annotated.nodes[i]
+        sources = dropout_replay_sources(output)
+        if sources is None:
+            continue
+        source, mask = sources
+        probability = output.args[0].args[1]
+        scale = 1.0 / (1.0 - probability)
+        with graph.inserting_after(output):
+            masked = graph.call_function(torch.ops.aten.mul.Tensor, (source, mask))
+        with graph.inserting_after(masked):
+            rebuilt = graph.call_function(torch.ops.aten.mul.Tensor, (masked, scale))
+        for node in (masked, rebuilt):
+            node.meta.update({k: v for k, v in output.meta.items() if k != "remat"})
+        output.replace_all_uses_with(rebuilt)
+        graph.erase_node(output)
+        names |= {masked.name, rebuilt.name}
+    return names
 
 
 def _saved_nodes(annotated: AnnotatedGraph, plan: Plan) -> tuple[list[fx.Node], list[fx.Node]]:

@@ -35,6 +35,7 @@ TAG_MUTATION = "mutation"
 TAG_VIEW = "view"
 TAG_MATMUL = "matmul"
 TAG_ATTENTION_CORE = "attention_core"
+TAG_DROPOUT_REPLAY = "dropout_replay"  # a dropout output rebuilt from its input and kept mask
 
 
 @dataclass(frozen=True)

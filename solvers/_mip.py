@@ -1,0 +1,208 @@
+"""Running a PuLP model on HiGHS or CBC and reading back an honest outcome.
+
+PuLP's own status is not honest enough for a planner that promises a gap: when CBC or HiGHS
+stops at its time limit with an incumbent, ``LpStatus[prob.status]`` still reads "Optimal";
+only ``prob.sol_status`` says "Solution Found". Everything here reads ``sol_status`` and
+fetches a proven lower bound from the backend when it reports one.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import re
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import pulp
+
+from .errors import SolverError, SolverUnavailableError
+
+logger = logging.getLogger("solvers")
+
+BACKENDS = ("auto", "highs", "cbc")
+
+# Both backends stop when the gap is below these; tiny, so "optimal" means optimal.
+_REL_GAP = 1e-9
+_ABS_GAP = 1e-9
+
+_INSTALL_HINT = {
+    "highs": "install it with `pip install highspy` (or use backend='cbc')",
+    "cbc": "PuLP's bundled CBC binary is missing or cannot run; reinstall it with "
+    "`pip install --force-reinstall pulp` (or `pip install highspy` and use backend='highs')",
+}
+
+
+@dataclass(frozen=True)
+class MipResult:
+    """What one backend run established.
+
+    ``status`` is "optimal" (proven), "feasible" (incumbent, not proven), "infeasible" or
+    "no_solution" (stopped before finding any). ``bound`` is a proven lower bound on the
+    minimized objective, None when the backend did not report one.
+    """
+
+    status: str
+    values: Mapping[str, float] = field(default_factory=dict)
+    objective: float | None = None
+    bound: float | None = None
+    seconds: float = 0.0
+    backend: str = ""
+
+
+@functools.lru_cache(maxsize=None)
+def _backend_works(name: str) -> bool:
+    """Solve a one-variable MIP: ``available()`` alone misses a broken library or binary."""
+    solver = _make_solver(name, time_limit=10.0, threads=None, warm=False, log_path=None)
+    if not solver.available():
+        return False
+    model = pulp.LpProblem("probe", pulp.LpMinimize)
+    x = binary(model, "x")
+    model += x
+    model += x >= 1
+    try:
+        model.solve(solver)
+    except Exception as error:  # any failure means the backend cannot be used
+        logger.debug("backend %s failed its probe: %s", name, error)
+        return False
+    return model.sol_status == pulp.LpSolutionOptimal and abs((x.varValue or 0) - 1) < 1e-6
+
+
+def resolve_backend(name: str) -> str:
+    """Map "auto" to HiGHS when it works, else CBC; raise SolverUnavailableError with a fix."""
+    if name not in BACKENDS:
+        raise ValueError(f"unknown ILP backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    if name != "auto":
+        if not _backend_works(name):
+            raise SolverUnavailableError(f"ILP backend {name!r} is not usable: {_INSTALL_HINT[name]}")
+        return name
+    for candidate in ("highs", "cbc"):
+        if _backend_works(candidate):
+            return candidate
+    raise SolverUnavailableError(
+        "no ILP backend works: `pip install highspy`, or reinstall PuLP (`pip install --force-reinstall pulp`) "
+        "for its bundled CBC"
+    )
+
+
+class _WarmHiGHS(pulp.HiGHS):
+    """PuLP's HiGHS adapter plus a MIP start (PuLP passes none to HiGHS)."""
+
+    def __init__(self, *args: object, warm: bool = False, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.warm = warm
+
+    def callSolver(self, lp: pulp.LpProblem) -> None:
+        if self.warm:
+            columns = [(var.index, var.varValue) for var in lp.variables() if var.varValue is not None]
+            if columns:
+                import numpy  # highspy depends on numpy
+
+                index = numpy.array([c[0] for c in columns], dtype=numpy.int32)
+                value = numpy.array([c[1] for c in columns], dtype=numpy.float64)
+                lp.solverModel.setSolution(len(columns), index, value)
+        super().callSolver(lp)
+
+
+def _make_solver(name: str, *, time_limit: float, threads: int | None, warm: bool, log_path: str | None,
+                 mip: bool = True) -> pulp.LpSolver:
+    if name == "highs":
+        return _WarmHiGHS(mip=mip, msg=False, timeLimit=time_limit, gapRel=_REL_GAP, gapAbs=_ABS_GAP,
+                          threads=threads, warm=warm)
+    with warnings.catch_warnings():
+        # PuLP 3.3 deprecates its bundled CBC for 4.0; it is still the dependency-free fallback.
+        warnings.filterwarnings("ignore", message="PULP_CBC_CMD is deprecated", category=DeprecationWarning)
+        return pulp.PULP_CBC_CMD(mip=mip, msg=False, timeLimit=time_limit, gapRel=_REL_GAP, gapAbs=_ABS_GAP,
+                                 threads=threads, warmStart=warm, logPath=log_path)
+
+
+def binary(model: pulp.LpProblem, name: str) -> pulp.LpVariable:
+    """A 0/1 variable owned by ``model`` (PuLP 4 style where available, without its warning)."""
+    if hasattr(model, "add_variable"):
+        return model.add_variable(name, 0, 1, cat=pulp.LpBinary)
+    return pulp.LpVariable(name, cat=pulp.LpBinary)
+
+
+_SOL_STATUS = {
+    pulp.LpSolutionOptimal: "optimal",
+    pulp.LpSolutionIntegerFeasible: "feasible",
+    pulp.LpSolutionInfeasible: "infeasible",
+    pulp.LpSolutionNoSolutionFound: "no_solution",
+}
+
+
+def run_mip(
+    model: pulp.LpProblem,
+    *,
+    backend: str,
+    time_limit: float,
+    threads: int | None = None,
+    start: Mapping[str, float] | None = None,
+    mip: bool = True,
+) -> MipResult:
+    """Solve ``model`` (a minimization) and report what is proven about it.
+
+    ``start`` maps variable names to a feasible assignment used as a MIP start. ``mip=False``
+    solves the LP relaxation, whose optimum is a lower bound of the MIP.
+    """
+    variables = model.variables()
+    if start:
+        for var in variables:
+            var.setInitialValue(start.get(var.name, 0.0))
+    with tempfile.TemporaryDirectory(prefix="remat-cbc-") as scratch:
+        log_path = os.path.join(scratch, "cbc.log") if backend == "cbc" else None
+        solver = _make_solver(backend, time_limit=max(time_limit, 1e-3), threads=threads,
+                              warm=bool(start) and mip, log_path=log_path, mip=mip)
+        began = time.perf_counter()
+        try:
+            model.solve(solver)
+        except pulp.PulpSolverError as error:
+            raise SolverError(f"the {backend} backend failed on a {len(variables)}-variable model: {error}") from error
+        seconds = time.perf_counter() - began
+        cbc_bound = _cbc_lower_bound(log_path) if log_path else None
+    status = _SOL_STATUS.get(model.sol_status)
+    if status is None:
+        raise SolverError(f"the {backend} backend returned {pulp.LpSolution.get(model.sol_status)!r}")
+    values: dict[str, float] = {}
+    objective = None
+    bound = None
+    if status in ("optimal", "feasible"):
+        values = {var.name: float(var.varValue or 0.0) for var in variables}
+        objective = float(pulp.value(model.objective) or 0.0)
+        bound = objective if status == "optimal" else _reported_bound(model, backend, cbc_bound)
+    logger.debug("%s %s on %d variables, %d rows: %s in %.3fs (objective %s, bound %s)", backend,
+                 "MIP" if mip else "LP", len(variables), model.numConstraints(), status, seconds, objective, bound)
+    return MipResult(status=status, values=values, objective=objective, bound=bound, seconds=seconds, backend=backend)
+
+
+def _reported_bound(model: pulp.LpProblem, backend: str, cbc_bound: float | None) -> float | None:
+    """The dual bound the backend proved when it stopped early; None when it gives none."""
+    if backend == "cbc":
+        return cbc_bound
+    try:
+        bound = float(model.solverModel.getInfo().mip_dual_bound)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return bound if abs(bound) < float("inf") else None
+
+
+_CBC_BOUND = re.compile(r"^Lower bound:\s+(\S+)", re.MULTILINE)
+
+
+def _cbc_lower_bound(log_path: str) -> float | None:
+    """CBC prints its proven bound only to the log: 'Lower bound:  <number>'."""
+    try:
+        with open(log_path) as log:
+            match = _CBC_BOUND.search(log.read())
+    except OSError:
+        return None
+    if not match:
+        return None
+    try:
+        return float(match.group(1))
+    except ValueError:
+        return None

@@ -1,0 +1,190 @@
+"""The keep/recompute integer program as a PuLP model, and the way back to a Plan.
+
+Variables, per non-available value ``v`` that backward could need (a read or an ancestor):
+
+* ``k_v`` keep (only if keepable), ``r_v`` recompute (only if it can be recomputed in effect);
+* ``g_s`` per storage ``s`` with bytes: paid once however many of its values are kept.
+
+Rows: each read is kept or recomputed; a recomputed value has each input kept, recomputed or
+available; ``g_s >= k_v``; the paid storages fit the budget.
+
+The objective does not depend on how bytes are rounded, so models that differ only in
+rounding (conservative, optimistic, exact) have comparable objectives and bounds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping
+
+import pulp
+
+from ._graph import effectively_recomputable, relevant_values
+from ._mip import MipResult, binary
+from .errors import SolverError
+from .problem import Plan, Problem, closure_from_keep_set
+
+# Keep-all in at most this many byte units: coefficients stay small and well conditioned.
+MAX_UNITS = 2**20
+# Recompute costs are scaled so the smallest is one unit, unless the total would exceed this.
+_MAX_COST_UNITS = 1e6
+# The whole tie-break terms at their largest: together far below one cost unit.
+_BYTES_TIE_BREAK = 1e-2
+_RECOMPUTE_TIE_BREAK = 1e-3
+
+
+@dataclass(frozen=True)
+class Rounding:
+    """Bytes per model unit, and which way storages and the budget are rounded.
+
+    ``up`` (conservative): storages up, budget down, so fitting the model means fitting the
+    real budget. Not ``up`` (optimistic): the other way, so every real plan fits the model and
+    its optimum is a lower bound. With ``exact`` the two coincide.
+    """
+
+    quantum: int
+    storage_bytes: Mapping[int, int]
+    up: bool = True
+
+    @property
+    def exact(self) -> bool:
+        return all(b % self.quantum == 0 for b in self.storage_bytes.values())
+
+    def units(self, storage: int) -> int:
+        size = self.storage_bytes.get(storage, 0)
+        return -(-size // self.quantum) if self.up else size // self.quantum
+
+    def budget_units(self, budget_bytes: int) -> int:
+        return budget_bytes // self.quantum if self.up else -(-budget_bytes // self.quantum)
+
+    def optimistic(self) -> "Rounding":
+        return Rounding(quantum=self.quantum, storage_bytes=self.storage_bytes, up=False)
+
+
+def paid_storage_bytes(problem: Problem) -> dict[int, int]:
+    """Sizes of the storages a plan could pay for: those of keepable values backward may need."""
+    values = problem.values
+    storages = {values[v].storage for v in relevant_values(problem) if values[v].keepable}
+    return {s: problem.storage_bytes[s] for s in storages if problem.storage_bytes[s] > 0}
+
+
+def rounding_for(problem: Problem, exact: bool = False) -> Rounding:
+    """The gcd of the sizes when that needs few enough units (no loss), else a coarser unit."""
+    sizes = paid_storage_bytes(problem)
+    quantum = math.gcd(*sizes.values()) if sizes else 1
+    total = sum(sizes.values())
+    if not exact and total // quantum > MAX_UNITS:
+        quantum = -(-total // MAX_UNITS)
+    return Rounding(quantum=quantum, storage_bytes=sizes)
+
+
+@dataclass(frozen=True)
+class Weights:
+    """Objective coefficients: scaled recompute costs plus the tie-breaks.
+
+    The tie-break prefers fewer kept bytes, then fewer recomputes; it is far below the
+    smallest recompute cost, so it only decides between plans of equal cost.
+    """
+
+    cost: Mapping[int, float]
+    storage: Mapping[int, float]
+
+    def evaluate(self, plan: Plan) -> float:
+        """The model objective of ``plan``, so gaps compare like with like."""
+        storages = {plan.problem.values[i].storage for i in plan.kept}
+        return sum(self.cost.get(i, 0.0) for i in plan.recomputed) + sum(self.storage.get(s, 0.0) for s in storages)
+
+
+def weights_for(problem: Problem) -> Weights:
+    recomputable = effectively_recomputable(problem)
+    relevant = [v for v in sorted(relevant_values(problem)) if recomputable[v]]
+    positive = [problem.values[v].recompute_seconds for v in relevant if problem.values[v].recompute_seconds > 0]
+    unit_seconds = max(min(positive), sum(positive) / _MAX_COST_UNITS) if positive else 1.0
+    per_recompute = _RECOMPUTE_TIE_BREAK / max(len(relevant), 1)
+    sizes = paid_storage_bytes(problem)
+    per_byte = _BYTES_TIE_BREAK / max(sum(sizes.values()), 1)
+    return Weights(
+        cost={v: problem.values[v].recompute_seconds / unit_seconds + per_recompute for v in relevant},
+        storage={s: per_byte * b for s, b in sizes.items()},
+    )
+
+
+@dataclass(frozen=True)
+class Model:
+    lp: pulp.LpProblem
+    keep: Mapping[int, pulp.LpVariable]
+    recompute: Mapping[int, pulp.LpVariable]
+    paid: Mapping[int, pulp.LpVariable]
+
+
+def build(problem: Problem, rounding: Rounding, budget_bytes: int | None, weights: Weights | None) -> Model:
+    """The time model under a budget, or (``weights`` None, no budget) the min-bytes model."""
+    lp = pulp.LpProblem("remat", pulp.LpMinimize)
+    model = _variables(problem, lp, rounding)
+    _add_rows(problem, model)
+    if budget_bytes is not None:
+        lp += pulp.lpSum(rounding.units(s) * g for s, g in model.paid.items()) <= rounding.budget_units(
+            budget_bytes), "budget"
+    if weights is None:
+        lp += pulp.lpSum(rounding.units(s) * g for s, g in model.paid.items())
+    else:
+        lp += pulp.lpSum(weights.cost[v] * r for v, r in model.recompute.items()) + pulp.lpSum(
+            weights.storage[s] * g for s, g in model.paid.items())
+    return model
+
+
+def _variables(problem: Problem, lp: pulp.LpProblem, rounding: Rounding) -> Model:
+    relevant = sorted(relevant_values(problem))
+    can_recompute = effectively_recomputable(problem)
+    values = problem.values
+    keep = {v: binary(lp, f"k{v}") for v in relevant if values[v].keepable}
+    recompute = {v: binary(lp, f"r{v}") for v in relevant if can_recompute[v]}
+    storages = sorted({values[v].storage for v in keep} & set(rounding.storage_bytes))
+    paid = {s: binary(lp, f"g{s}") for s in storages}
+    return Model(lp=lp, keep=keep, recompute=recompute, paid=paid)
+
+
+def _add_rows(problem: Problem, model: Model) -> None:
+    values = problem.values
+    keep, recompute, paid, lp = model.keep, model.recompute, model.paid, model.lp
+    for v in sorted(problem.backward_reads):
+        if not values[v].available:
+            lp += keep[v] + _var(recompute, v) >= 1, f"read_{v}"
+    for v, r_v in recompute.items():
+        for u in sorted(set(values[v].inputs)):
+            if not values[u].available:
+                lp += _var(keep, u) + _var(recompute, u) >= r_v, f"input_{u}_of_{v}"
+    for v, k_v in keep.items():
+        if values[v].storage in paid:
+            lp += paid[values[v].storage] >= k_v, f"pay_{v}"
+
+
+def _var(variables: Mapping[int, pulp.LpVariable], v: int) -> pulp.LpVariable | int:
+    """A missing variable is a choice that is not allowed: it stays 0."""
+    return variables.get(v, 0)
+
+
+def start_values(model: Model, plan: Plan) -> dict[str, float]:
+    """Variable values of a known plan, as a MIP start."""
+    storages = {plan.problem.values[i].storage for i in plan.kept}
+    start = {var.name: float(v in plan.kept) for v, var in model.keep.items()}
+    start.update({var.name: float(v in plan.recomputed) for v, var in model.recompute.items()})
+    start.update({var.name: float(s in storages) for s, var in model.paid.items()})
+    return start
+
+
+def fits(rounding: Rounding, plan: Plan, budget_bytes: int) -> bool:
+    """Whether ``plan`` satisfies the model's (rounded) budget row."""
+    storages = {plan.problem.values[i].storage for i in plan.kept}
+    return sum(rounding.units(s) for s in storages) <= rounding.budget_units(budget_bytes)
+
+
+def plan_from(problem: Problem, model: Model, result: MipResult, **fields: object) -> Plan:
+    """Read the keep set and re-derive the rest: drops any recompute the solution did not need."""
+    chosen = {v for v, var in model.keep.items() if result.values.get(var.name, 0.0) > 0.5}
+    try:
+        kept, recomputed = closure_from_keep_set(problem, chosen)
+        return Plan(problem=problem, kept=kept, recomputed=recomputed, **fields)
+    except ValueError as error:
+        raise SolverError(f"the {result.backend} solution is not a valid plan (numerical trouble?): {error}") from error

@@ -1,0 +1,131 @@
+"""Checkpointing heuristics people use today, as planners with the ILP's signature.
+
+Each names the values it wants to keep; ``closure_from_keep_set`` completes that into a
+valid plan (what backward reads and is not kept is recomputed, back to kept or available
+values). They ignore the budget, except to record it: the caller compares ``kept_bytes``.
+Values that cannot be recomputed in effect (random ops, or anything hanging off one through
+a tuple) are always added to the keep set, since no plan can do otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable, Iterable
+
+import networkx as nx
+
+from ._graph import effectively_recomputable, forced_keeps
+from .problem import TAG_ATTENTION_CORE, Plan, Problem, closure_from_keep_set
+
+
+def _plan(problem: Problem, keep: Iterable[int], solver: str, budget_bytes: int | None, began: float) -> Plan:
+    kept, recomputed = closure_from_keep_set(problem, set(keep) | forced_keeps(problem))
+    return Plan(problem=problem, kept=kept, recomputed=recomputed, solver=solver, status="feasible", gap=None,
+                solve_seconds=time.perf_counter() - began, budget_bytes=budget_bytes)
+
+
+def keep_all(problem: Problem, budget_bytes: int | None = None, **options: object) -> Plan:
+    """No rematerialization: keep every value backward reads."""
+    began = time.perf_counter()
+    return _plan(problem, problem.backward_reads, "keep_all", budget_bytes, began)
+
+
+def recompute_all(problem: Problem, budget_bytes: int | None = None, **options: object) -> Plan:
+    """Keep only what cannot be recomputed: the least memory a keep-set closure can reach."""
+    began = time.perf_counter()
+    return _plan(problem, (), "recompute_all", budget_bytes, began)
+
+
+def articulation_chain(problem: Problem) -> list[int]:
+    """Non-available values every forward path passes through, in topological order.
+
+    A virtual source feeds the values computed from available ones only, the values nobody
+    reads feed a virtual sink; the chain is the sink's dominators. On a transformer these are
+    the residual stream between blocks, where Chen et al. put their segment boundaries.
+    """
+    values = problem.values
+    graph = nx.DiGraph()
+    source, sink = "source", "sink"
+    graph.add_nodes_from((source, sink))
+    users = problem.users
+    for value in values:
+        if value.available:
+            continue
+        inner = [u for u in value.inputs if not values[u].available]
+        graph.add_edges_from((u, value.id) for u in inner)
+        if not inner:
+            graph.add_edge(source, value.id)
+        if not any(not values[w].available for w in users[value.id]):
+            graph.add_edge(value.id, sink)
+    if not graph.has_edge(source, sink) and not nx.has_path(graph, source, sink):
+        return []
+    dominators = nx.immediate_dominators(graph, source)
+    chain: list[int] = []
+    node = dominators[sink]
+    while node != source:
+        chain.append(node)
+        node = dominators[node]
+    return sorted(chain)
+
+
+def chen_sqrt(problem: Problem, budget_bytes: int | None = None, **options: object) -> Plan:
+    """Chen et al. 2016: keep every ceil(sqrt(m))-th of the m keepable chain values."""
+    began = time.perf_counter()
+    chain = [v for v in articulation_chain(problem) if problem.values[v].keepable]
+    stride = max(1, math.ceil(math.sqrt(len(chain))))
+    return _plan(problem, chain[stride - 1 :: stride], "chen_sqrt", budget_bytes, began)
+
+
+def block_of(module: str) -> str | None:
+    """The repeated block a module path belongs to: up to its first numeric part.
+
+    >>> block_of("model.layers.12.mlp.fc"), block_of("lm_head")
+    ('model.layers.12', None)
+    """
+    parts = module.split(".") if module else []
+    for index, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[: index + 1])
+    return None
+
+
+def per_block(problem: Problem, budget_bytes: int | None = None, **options: object) -> Plan:
+    """torch.utils.checkpoint around each block: keep block inputs, recompute inside blocks.
+
+    Backward reads outside any block are kept. Random ops inside a block are kept rather than
+    replayed (this model has no RNG replay).
+    """
+    began = time.perf_counter()
+    values = problem.values
+    blocks = [block_of(v.module) for v in values]
+    keep = {v for v in problem.backward_reads if blocks[v] is None}
+    for value in values:
+        if blocks[value.id] is not None:
+            keep.update(u for u in value.inputs if blocks[u] != blocks[value.id])
+    return _plan(problem, keep, "per_block", budget_bytes, began)
+
+
+def selective(problem: Problem, budget_bytes: int | None = None, **options: object) -> Plan:
+    """Megatron-style selective recompute: recompute the attention core, keep the rest."""
+    began = time.perf_counter()
+    recomputable = effectively_recomputable(problem)
+    keep = {
+        v.id for v in problem.values
+        if not (TAG_ATTENTION_CORE in v.tags and recomputable[v.id])
+    }
+    return _plan(problem, keep, "selective", budget_bytes, began)
+
+
+BASELINES: dict[str, Callable[..., Plan]] = {
+    "keep_all": keep_all,
+    "recompute_all": recompute_all,
+    "chen_sqrt": chen_sqrt,
+    "per_block": per_block,
+    "selective": selective,
+}
+
+
+def heuristic_plans(problem: Problem) -> list[Plan]:
+    """Every baseline's plan: candidate warm starts for the ILP."""
+    return [planner(problem) for planner in BASELINES.values()]
