@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog=PROG, description="Budgeted activation rematerialization for PyTorch training steps.")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_estimate_parser(subparsers)
+    _add_demo_parser(subparsers)
     return parser
 
 
@@ -44,6 +45,52 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _UsageError as e:
         args.usage_error(str(e))  # prints "usage: ... error: ..." and exits with status 2
         raise AssertionError("unreachable") from e
+
+
+# -- demo ------------------------------------------------------------------------------
+
+
+def _add_demo_parser(subparsers: Any) -> None:
+    sub = subparsers.add_parser(
+        "demo",
+        help="optimize a built-in GPT-style model and show the plan and the memory it saves",
+        description="One training step of a built-in GPT-style decoder (random init), eager and "
+        "through remat_pass.optimize, with measured bytes saved for backward and a gradient check.",
+    )
+    sub.add_argument("--budget", default="0.3", help="fraction in (0, 1] or a size such as 2MiB (default 0.3)")
+    sub.add_argument("--layers", type=_positive_int, default=4)
+    sub.add_argument("--hidden", type=_positive_int, default=128)
+    sub.add_argument("--heads", type=_positive_int, default=4)
+    sub.add_argument("--seq", type=_positive_int, default=128)
+    sub.add_argument("--batch", type=_positive_int, default=4)
+    sub.set_defaults(handler=_run_demo, usage_error=sub.error)
+
+
+def _budget_argument(text: str) -> object:
+    try:
+        return float(text) if "." in text and text.replace(".", "", 1).isdigit() else int(text)
+    except ValueError:
+        return text  # a size string; parse_budget says what is wrong with it
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    import logging
+
+    from remat_pass.demo import run_demo
+    from remat_pass.errors import RematError
+    from remat_pass.examples import GPTConfig
+
+    logging.basicConfig(level=logging.WARNING)
+    if args.hidden % args.heads:
+        raise _UsageError(f"--hidden {args.hidden} is not divisible by --heads {args.heads}")
+    config = GPTConfig(seq_len=args.seq, layers=args.layers, hidden=args.hidden, heads=args.heads)
+    try:
+        result = run_demo(_budget_argument(args.budget), config, batch=args.batch)
+    except RematError as error:
+        print(f"{PROG} demo: {error}", file=sys.stderr)
+        return 1
+    print(result.report())
+    return 0
 
 
 # -- estimate --------------------------------------------------------------------------
