@@ -138,3 +138,34 @@ def capture_failure(error: BaseException) -> CaptureError:
         "torch.compile(model, backend=remat_pass.backend(...)), which plans each piece between graph "
         "breaks separately. Set TORCH_LOGS=graph_breaks to see where tracing stopped."
     )
+
+
+def capture(model: torch.nn.Module, example_inputs: Sequence[Any]) -> list[JointGraph]:
+    """Trace one training forward of ``model`` and return its joint graphs, one per piece.
+
+    Runs the forward once on ``example_inputs`` (needed by dynamo), with the RNG state and the
+    module's buffers restored afterwards, and partitions nothing away: the graphs come back
+    whole, for inspection, annotation and planning without training.
+    """
+    from torch._functorch.partitioners import default_partition
+
+    graphs: list[JointGraph] = []
+
+    def record(joint: JointGraph) -> tuple[fx.GraphModule, fx.GraphModule]:
+        graphs.append(joint)  # default_partition builds new graphs and leaves this one's nodes as they are
+        return default_partition(joint.module, None, num_fwd_outputs=joint.num_fwd_outputs, **joint.partition_kwargs)
+
+    compiled = torch.compile(model, backend=make_dynamo_backend(record), dynamic=False)
+    buffers = [buffer.detach().clone() for buffer in model.buffers()]
+    try:
+        with torch.random.fork_rng(devices=[]), torch.enable_grad():
+            compiled(*example_inputs)
+    except torch._dynamo.exc.TorchDynamoException as error:
+        raise capture_failure(error) from error
+    finally:
+        with torch.no_grad():
+            for buffer, saved in zip(model.buffers(), buffers):
+                buffer.copy_(saved)
+    if not graphs:
+        raise CaptureError("nothing to plan: no parameter or input requires grad, so there is no backward graph")
+    return graphs

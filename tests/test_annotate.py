@@ -1,0 +1,134 @@
+"""Annotate: exact bytes and FLOPs on tiny graphs, storages shared by views, flags."""
+
+from __future__ import annotations
+
+import networkx as nx
+import pytest
+import torch
+from torch import nn
+
+from remat_pass.annotate import META_KEY, annotate
+from remat_pass.capture import capture
+from solvers.problem import (
+    TAG_ATTENTION_CORE,
+    TAG_DROPOUT_REPLAY,
+    TAG_MATMUL,
+    TAG_RANDOM,
+    TAG_VIEW,
+    recomputable_from_inputs,
+)
+
+from .models import make_case
+
+
+class TwoLayer(nn.Module):
+    """x (2, 4) -> Linear(4, 8, no bias) -> tanh -> Linear(8, 3, no bias)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(4, 8, bias=False)
+        self.fc2 = nn.Linear(8, 3, bias=False)
+
+    def forward(self, x):
+        return self.fc2(torch.tanh(self.fc1(x)))
+
+
+def _annotated(model, *inputs, device="cpu"):
+    (joint,) = capture(model, inputs)
+    return annotate(joint, device)
+
+
+def _value(annotated, op_prefix):
+    matches = [v for v in annotated.problem.values if v.op.startswith(op_prefix)]
+    assert matches, f"no {op_prefix} in {[v.op for v in annotated.problem.values]}"
+    return matches
+
+
+def test_bytes_and_flops_are_exact_on_a_tiny_mlp():
+    annotated = _annotated(TwoLayer(), torch.randn(2, 4))
+    problem = annotated.problem
+    first, second = _value(annotated, "mm.")
+    assert first.flops == 2 * 2 * 4 * 8 and second.flops == 2 * 2 * 8 * 3
+    assert problem.storage_bytes[first.storage] == 2 * 8 * 4
+    (tanh,) = _value(annotated, "tanh.")
+    assert problem.storage_bytes[tanh.storage] == 2 * 8 * 4 and tanh.flops == 0
+    assert tanh.recompute_seconds > 0  # memory-bound, not free
+    # backward reads tanh's output (for tanh' and for fc2's weight gradient), not fc1's output:
+    assert tanh.id in problem.backward_reads
+    assert problem.keep_all_bytes() == 64  # x and the weights are available: 0 bytes
+
+
+def test_parameters_inputs_and_their_views_cost_nothing():
+    annotated = _annotated(TwoLayer(), torch.randn(2, 4))
+    problem = annotated.problem
+    for value in problem.values:
+        if value.available:
+            assert problem.storage_bytes[value.storage] == 0
+    transposes = _value(annotated, "t.")
+    assert all(TAG_VIEW in t.tags and problem.storage_bytes[t.storage] == 0 for t in transposes)
+
+
+def test_views_share_their_base_storage():
+    class ViewOfActivation(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(6, 6)
+
+        def forward(self, x):
+            h = torch.relu(self.fc(x))
+            return (h.view(3, 2, 6).transpose(0, 1) * 2).sum()
+
+    annotated = _annotated(ViewOfActivation(), torch.randn(6, 6))
+    problem = annotated.problem
+    (relu,) = _value(annotated, "relu.")
+    views = [v for v in problem.values if TAG_VIEW in v.tags and v.storage == relu.storage]
+    assert views, "the view of relu's output must share its storage"
+    assert problem.bytes_of([relu.id, *(v.id for v in views)]) == 6 * 6 * 4
+
+
+def test_dropout_is_random_and_its_output_replays_from_the_mask():
+    model, inputs, _ = make_case("gpt")
+    annotated = _annotated(model, *inputs)
+    values = annotated.problem.values
+    dropouts = _value(annotated, "native_dropout.")
+    assert all(TAG_RANDOM in d.tags and not d.recomputable and not d.keepable for d in dropouts)
+    replays = [v for v in values if TAG_DROPOUT_REPLAY in v.tags]
+    rebuildable = recomputable_from_inputs(annotated.problem)
+    assert len(replays) == len(dropouts)
+    for replay in replays:
+        source, mask = (values[i] for i in replay.inputs)
+        assert mask.op == "getitem" and not rebuildable[mask.id]  # the mask is never redrawn
+        assert annotated.problem.storage_bytes[mask.storage] * 4 == annotated.problem.storage_bytes[replay.storage]
+
+
+def test_attention_core_is_between_the_two_activation_matmuls():
+    model, inputs, _ = make_case("gpt")
+    annotated = _annotated(model, *inputs)
+    core = [v for v in annotated.problem.values if TAG_ATTENTION_CORE in v.tags]
+    ops = {v.op.split(".")[0] for v in core}
+    assert {"bmm", "_softmax", "masked_fill"} <= ops
+    assert not any(v.op.startswith(("addmm", "native_layer_norm", "gelu")) for v in core)
+    assert all(v.module.startswith("blocks.") for v in core)
+    assert sum(1 for v in core if TAG_MATMUL in v.tags) == 2 * model.config.layers  # Q·Kᵀ and P·V
+
+
+def test_module_paths_and_networkx_view():
+    model, inputs, _ = make_case("gpt")
+    annotated = _annotated(model, *inputs)
+    modules = {v.module for v in annotated.problem.values}
+    assert {"blocks.0.attn.qkv", "blocks.1.mlp.fc", "ln_f"} <= modules
+    graph = annotated.to_networkx()
+    assert nx.is_directed_acyclic_graph(graph)
+    phases = nx.get_node_attributes(graph, "phase")
+    assert {"forward", "backward"} <= set(phases.values())
+    node = next(n for n in annotated.joint.module.graph.nodes if n.op == "call_function")
+    assert node.meta[META_KEY].phase in ("forward", "backward")
+
+
+@pytest.mark.parametrize("device", ["cpu", "h100"])
+def test_cost_model_prices_memory_bound_ops(device):
+    annotated = _annotated(TwoLayer(), torch.randn(64, 4), device=device)
+    (tanh,) = _value(annotated, "tanh.")
+    first, _ = _value(annotated, "mm.")
+    assert tanh.recompute_seconds > 0 and first.recompute_seconds > 0
+    assert annotated.problem.device == device
