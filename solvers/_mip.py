@@ -26,9 +26,10 @@ logger = logging.getLogger("solvers")
 
 BACKENDS = ("auto", "highs", "cbc")
 
-# Both backends stop when the gap is below these; tiny, so "optimal" means optimal.
-_REL_GAP = 1e-9
-_ABS_GAP = 1e-9
+# Both backends stop when the gap is below these, unless told otherwise: tiny, so that
+# "optimal" means optimal.
+REL_GAP = 1e-9
+ABS_GAP = 1e-9
 
 _INSTALL_HINT = {
     "highs": "install it with `pip install highspy` (or use backend='cbc')",
@@ -98,25 +99,42 @@ class _WarmHiGHS(pulp.HiGHS):
 
     def callSolver(self, lp: pulp.LpProblem) -> None:
         if self.warm:
-            columns = [(var.index, var.varValue) for var in lp.variables() if var.varValue is not None]
-            if columns:
-                import numpy  # highspy depends on numpy
-
-                index = numpy.array([c[0] for c in columns], dtype=numpy.int32)
-                value = numpy.array([c[1] for c in columns], dtype=numpy.float64)
-                lp.solverModel.setSolution(len(columns), index, value)
+            _set_start(lp)
         super().callSolver(lp)
 
 
+def _set_start(lp: pulp.LpProblem) -> None:
+    """Hand the variables' initial values to HiGHS (``buildSolverModel`` numbered the columns)."""
+    columns = sorted((var.index, var.varValue) for var in lp.variables() if var.varValue is not None)
+    if not columns:
+        return
+    try:
+        import numpy  # highspy depends on numpy
+
+        index = numpy.array([c[0] for c in columns], dtype=numpy.int32)
+        value = numpy.array([c[1] for c in columns], dtype=numpy.float64)
+        lp.solverModel.setSolution(len(columns), index, value)
+    except TypeError:  # highspy before the sparse overload: a full column vector
+        import highspy
+
+        full = [0.0] * lp.solverModel.getNumCol()
+        for position, value in columns:
+            full[position] = value
+        solution = highspy.HighsSolution()
+        solution.col_value = full
+        lp.solverModel.setSolution(solution)
+
+
 def _make_solver(name: str, *, time_limit: float, threads: int | None, warm: bool, log_path: str | None,
-                 mip: bool = True) -> pulp.LpSolver:
+                 mip: bool = True, gaps: tuple[float, float] = (REL_GAP, ABS_GAP)) -> pulp.LpSolver:
+    rel_gap, abs_gap = gaps
     if name == "highs":
-        return _WarmHiGHS(mip=mip, msg=False, timeLimit=time_limit, gapRel=_REL_GAP, gapAbs=_ABS_GAP,
+        return _WarmHiGHS(mip=mip, msg=False, timeLimit=time_limit, gapRel=rel_gap, gapAbs=abs_gap,
                           threads=threads, warm=warm)
     with warnings.catch_warnings():
         # PuLP 3.3 deprecates its bundled CBC for 4.0; it is still the dependency-free fallback.
         warnings.filterwarnings("ignore", message="PULP_CBC_CMD is deprecated", category=DeprecationWarning)
-        return pulp.PULP_CBC_CMD(mip=mip, msg=False, timeLimit=time_limit, gapRel=_REL_GAP, gapAbs=_ABS_GAP,
+        return pulp.PULP_CBC_CMD(mip=mip, msg=False, timeLimit=time_limit, gapRel=rel_gap, gapAbs=abs_gap,
                                  threads=threads, warmStart=warm, logPath=log_path)
 
 
@@ -125,6 +143,19 @@ def binary(model: pulp.LpProblem, name: str) -> pulp.LpVariable:
     if hasattr(model, "add_variable"):
         return model.add_variable(name, 0, 1, cat=pulp.LpBinary)
     return pulp.LpVariable(name, cat=pulp.LpBinary)
+
+
+def _solve_once(model: pulp.LpProblem, backend: str, time_limit: float, threads: int | None, warm: bool, mip: bool,
+                gaps: tuple[float, float]) -> tuple[float, float | None]:
+    """One backend run; returns its seconds and, for CBC, the bound from its log."""
+    with tempfile.TemporaryDirectory(prefix="remat-cbc-") as scratch:
+        log_path = os.path.join(scratch, "cbc.log") if backend == "cbc" else None
+        solver = _make_solver(backend, time_limit=max(time_limit, 1e-3), threads=threads, warm=warm,
+                              log_path=log_path, mip=mip, gaps=gaps)
+        began = time.perf_counter()
+        model.solve(solver)
+        seconds = time.perf_counter() - began
+        return seconds, (_cbc_lower_bound(log_path) if log_path else None)
 
 
 _SOL_STATUS = {
@@ -143,27 +174,31 @@ def run_mip(
     threads: int | None = None,
     start: Mapping[str, float] | None = None,
     mip: bool = True,
+    gaps: tuple[float, float] = (REL_GAP, ABS_GAP),
 ) -> MipResult:
     """Solve ``model`` (a minimization) and report what is proven about it.
 
     ``start`` maps variable names to a feasible assignment used as a MIP start. ``mip=False``
-    solves the LP relaxation, whose optimum is a lower bound of the MIP.
+    solves the LP relaxation, whose optimum is a lower bound of the MIP. ``gaps`` (relative,
+    absolute) say when the backend may stop and call its incumbent optimal.
     """
     variables = model.variables()
     if start:
         for var in variables:
             var.setInitialValue(start.get(var.name, 0.0))
-    with tempfile.TemporaryDirectory(prefix="remat-cbc-") as scratch:
-        log_path = os.path.join(scratch, "cbc.log") if backend == "cbc" else None
-        solver = _make_solver(backend, time_limit=max(time_limit, 1e-3), threads=threads,
-                              warm=bool(start) and mip, log_path=log_path, mip=mip)
-        began = time.perf_counter()
-        try:
-            model.solve(solver)
-        except pulp.PulpSolverError as error:
+    warm = bool(start) and mip
+    try:
+        seconds, cbc_bound = _solve_once(model, backend, time_limit, threads, warm, mip, gaps)
+    except pulp.PulpSolverError as error:
+        if not warm:
             raise SolverError(f"the {backend} backend failed on a {len(variables)}-variable model: {error}") from error
-        seconds = time.perf_counter() - began
-        cbc_bound = _cbc_lower_bound(log_path) if log_path else None
+        # CBC 2.10 (PuLP's bundled binary) can crash when its time limit expires while it is
+        # still processing a MIP start; the start is only a speed-up, so go without it.
+        logger.warning("the %s backend crashed with a MIP start (%s); solving again without one", backend, error)
+        try:
+            seconds, cbc_bound = _solve_once(model, backend, time_limit, threads, False, mip, gaps)
+        except pulp.PulpSolverError as again:
+            raise SolverError(f"the {backend} backend failed on a {len(variables)}-variable model: {again}") from again
     status = _SOL_STATUS.get(model.sol_status)
     if status is None:
         raise SolverError(f"the {backend} backend returned {pulp.LpSolution.get(model.sol_status)!r}")

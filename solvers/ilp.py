@@ -16,6 +16,8 @@ import operator
 import time
 from dataclasses import dataclass
 
+import pulp
+
 from . import baselines
 from ._mip import MipResult, resolve_backend, run_mip
 from ._model import Rounding, Weights, build, fits, plan_from, rounding_for, start_values, weights_for
@@ -43,8 +45,10 @@ def _min_bytes_plan(problem: Problem, backend: str, time_limit: float, threads: 
         return Plan(problem=problem, kept=fallback.kept, recomputed=fallback.recomputed, solver="ilp-min-bytes",
                     solve_seconds=time.perf_counter() - began)
     model = build(problem, rounding_for(problem, exact=True), None, None)
+    # The objective is a whole number of units: an absolute gap under one proves the exact minimum,
+    # where a relative one would let a big total stop some units short.
     result = run_mip(model.lp, backend=backend, time_limit=time_limit, threads=threads,
-                     start=start_values(model, fallback))
+                     start=start_values(model, fallback), gaps=(0.0, 0.5))
     if result.status != "optimal":
         raise SolverError(
             f"could not prove the smallest feasible budget within time_limit={time_limit:g}s "
@@ -204,8 +208,7 @@ def _prove(context: _Context, plan: Plan, result: MipResult, rounding: Rounding,
 def _improve(context: _Context, rounding: Rounding, weights: Weights, plan: Plan) -> tuple[Plan, MipResult]:
     """Solve another rounding from ``plan``; keep its answer if it fits the real budget and is better."""
     model = build(context.problem, rounding, context.budget_bytes, weights)
-    outcome = run_mip(model.lp, backend=context.backend, time_limit=_remaining(context.deadline),
-                      threads=context.threads, start=start_values(model, plan))
+    outcome = _try_run(context, model.lp, start=start_values(model, plan))
     if outcome.status in ("optimal", "feasible"):
         candidate = plan_from(context.problem, model, outcome, solver="ilp", budget_bytes=context.budget_bytes)
         if candidate.kept_bytes <= context.budget_bytes and weights.evaluate(candidate) < weights.evaluate(plan):
@@ -218,9 +221,18 @@ def _improve(context: _Context, rounding: Rounding, weights: Weights, plan: Plan
 def _lp_bound(context: _Context, rounding: Rounding, weights: Weights) -> float | None:
     """The LP relaxation's optimum: a weak but honest bound when the backend reports none."""
     model = build(context.problem, rounding, context.budget_bytes, weights)
-    result = run_mip(model.lp, backend=context.backend, time_limit=_remaining(context.deadline),
-                     threads=context.threads, mip=False)
+    result = _try_run(context, model.lp, mip=False)
     return result.objective if result.status == "optimal" else None
+
+
+def _try_run(context: _Context, lp: pulp.LpProblem, **options: object) -> MipResult:
+    """A run that only sharpens the answer: a crash costs the bound, not the plan already found."""
+    try:
+        return run_mip(lp, backend=context.backend, time_limit=_remaining(context.deadline), threads=context.threads,
+                       **options)
+    except SolverError as error:
+        logger.warning("ilp: a bounding run failed, the gap may be unknown: %s", error)
+        return MipResult(status="no_solution", backend=context.backend)
 
 
 def _gap(objective: float, bound: float | None) -> float | None:
