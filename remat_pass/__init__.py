@@ -20,6 +20,7 @@ _EXPORTS = {
     "DEFAULT_BUDGET": "remat_pass.dynamo_backend",
     "parse_budget": "remat_pass.budget",
     "saved_activation_bytes": "remat_pass.measure",
+    "sweep": "remat_pass.tradeoff",
     "Plan": "solvers.problem",
     "RematError": "remat_pass.errors",
     "InvalidBudgetError": "remat_pass.errors",
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
         SolverUnavailableError,
     )
     from .measure import saved_activation_bytes
+    from .tradeoff import sweep
 
 
 def __getattr__(name: str) -> Any:

@@ -26,6 +26,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from solvers.problem import (
     TAG_ATTENTION_CORE,
+    BackwardStep,
     TAG_DROPOUT_REPLAY,
     TAG_MATMUL,
     TAG_MUTATION,
@@ -80,11 +81,19 @@ class AnnotatedGraph:
         return graph
 
 
-def annotate(joint: JointGraph, device: str | DeviceProfile = "cpu") -> AnnotatedGraph:
-    """Annotate every node of ``joint`` in place (``meta["remat"]``) and build the Problem."""
+def annotate(joint: JointGraph, device: str | DeviceProfile = "cpu", *, free_inputs: bool = True) -> AnnotatedGraph:
+    """Annotate every node of ``joint`` in place (``meta["remat"]``) and build the Problem.
+
+    Parameters and buffers are always available at no cost. ``free_inputs`` says the same of
+    the graph's other inputs: true for a whole training step (its inputs are the user's, alive
+    anyway); false for a piece after a graph break, whose inputs are activations of the piece
+    before — saving one of them for backward keeps it alive, so it is charged like any kept
+    value (it can be kept, never recomputed: its producer is in another graph).
+    """
     profile = get_profile(device)
     graph = joint.module.graph
     _order_dropout_masks(graph)
+    charged = set() if free_inputs else _activation_inputs(joint)
     backward_nodes = _tangent_dependent(graph)
     storages = _StorageTable()
     values: list[Value] = []
@@ -94,18 +103,21 @@ def annotate(joint: JointGraph, device: str | DeviceProfile = "cpu") -> Annotate
     for node in graph.nodes:
         if node.op == "output" or node in backward_nodes:
             continue
-        value = _make_value(node, len(values), ids, storages, profile)
+        value = _make_value(node, len(values), ids, storages, profile, charged=node in charged)
         ids[node] = value.id
         values.append(value)
         value_nodes.append(node)
 
     _tag_attention_core(values)
     backward_reads = _backward_reads(graph, joint.num_fwd_outputs, backward_nodes, ids)
+    outputs = _graph_outputs(graph)
     problem = Problem(
         values=tuple(values),
         storage_bytes=tuple(storages.sizes),
         backward_reads=frozenset(backward_reads),
         device=profile.name,
+        forward_outputs=frozenset(ids[n] for n in outputs[: joint.num_fwd_outputs] if n in ids),
+        backward_steps=_backward_steps(graph, backward_nodes, ids, outputs[joint.num_fwd_outputs :]),
     )
     _store_meta(graph, backward_nodes, ids, problem)
     logger.debug(
@@ -145,6 +157,52 @@ def _backward_reads(
     return reads
 
 
+def _graph_outputs(graph: fx.Graph) -> list[fx.Node | None]:
+    output = next(iter(graph.find_nodes(op="output")))
+    return [a if isinstance(a, fx.Node) else None for a in output.args[0]]
+
+
+def _backward_steps(
+    graph: fx.Graph, backward_nodes: set[fx.Node], ids: dict[fx.Node, int], gradients: list[fx.Node | None]
+) -> tuple[BackwardStep, ...]:
+    """The backward ops in order, each with the forward values it reads and the bytes of
+    backward-only tensors live while it runs (allocated at their op, freed after their last
+    reader; parameter gradients and anything sharing a forward storage excluded)."""
+    forward_keys = {key for node in ids for key, _ in _storages(node)}
+    gradient_keys = {key for node in gradients if node is not None for key, _ in _storages(node)}
+    ignored = forward_keys | gradient_keys
+    order = [node for node in graph.nodes if node in backward_nodes]
+    position = {node: index for index, node in enumerate(order)}
+    last_use: dict[StorageWeakRef, int] = {}
+    for node in order:
+        end = max((position[u] for u in node.users if u in position), default=position[node])
+        for key, _ in _storages(node):
+            last_use[key] = max(last_use.get(key, end), end)
+    live: dict[StorageWeakRef, int] = {}
+    steps: list[BackwardStep] = []
+    for index, node in enumerate(order):
+        for key, nbytes in _storages(node):
+            if key not in ignored:
+                live.setdefault(key, nbytes)
+        if node.op == "call_function":
+            reads = tuple(sorted({ids[s] for s in node.all_input_nodes if s in ids}))
+            steps.append(BackwardStep(reads, sum(live.values())))
+        for key in [k for k in live if last_use.get(k, index) <= index]:
+            del live[key]
+    return tuple(steps)
+
+
+def _storages(node: fx.Node) -> list[tuple[StorageWeakRef, int]]:
+    found = []
+    for tensor in tree_flatten(node.meta.get("val"))[0]:
+        if isinstance(tensor, torch.Tensor):
+            try:
+                found.append((StorageWeakRef(tensor.untyped_storage()), _concrete(tensor.untyped_storage().nbytes())))
+            except (NotImplementedError, RuntimeError):
+                continue
+    return found
+
+
 # --- one value --------------------------------------------------------------------------------
 
 
@@ -155,22 +213,35 @@ class _StorageTable:
         self.sizes: list[int] = [0]  # NO_STORAGE
         self._index: dict[StorageWeakRef, int] = {}
 
-    def index_of(self, tensor: torch.Tensor, available: bool) -> int:
+    def index_of(self, tensor: torch.Tensor, available: bool, nbytes: int | None = None) -> int:
         key = StorageWeakRef(tensor.untyped_storage())
         if key not in self._index:
             self._index[key] = len(self.sizes)
-            self.sizes.append(0 if available else _concrete(tensor.untyped_storage().nbytes()))
+            size = _concrete(tensor.untyped_storage().nbytes()) if nbytes is None else nbytes
+            self.sizes.append(0 if available else size)
         index = self._index[key]
         if available:
             self.sizes[index] = 0
         return index
 
 
+def _activation_inputs(joint: JointGraph) -> set[fx.Node]:
+    """Tensor inputs that are neither parameters nor buffers (AOTAutograd's static inputs)."""
+    static = set(joint.partition_kwargs.get("static_lifetime_input_indices") or ())
+    primals = [n for n in joint.module.graph.find_nodes(op="placeholder") if not _is_tangent(n)]
+    return {n for i, n in enumerate(primals) if i not in static and isinstance(n.meta.get("val"), torch.Tensor)}
+
+
 def _make_value(
-    node: fx.Node, value_id: int, ids: dict[fx.Node, int], storages: _StorageTable, profile: DeviceProfile
+    node: fx.Node,
+    value_id: int,
+    ids: dict[fx.Node, int],
+    storages: _StorageTable,
+    profile: DeviceProfile,
+    charged: bool = False,
 ) -> Value:
     val = node.meta.get("val")
-    available = node.op in ("placeholder", "get_attr") or _is_symbolic(val)
+    available = (node.op in ("placeholder", "get_attr") and not charged) or _is_symbolic(val)
     tags = set(_op_tags(node))
     is_tensor = isinstance(val, torch.Tensor)
     if is_tensor:
@@ -180,7 +251,7 @@ def _make_value(
         )
         if aliases_input and node.op == "call_function":
             tags.add(TAG_VIEW)
-        storage = storages.index_of(val, available)
+        storage = storages.index_of(val, available, _real_batch_norm_stat_bytes(node, val))
     else:
         storage = NO_STORAGE
         if node.op == "call_function" and _aliases_inputs(node, val):
@@ -212,6 +283,38 @@ def _make_value(
         op=_op_name(node),
         tags=frozenset(tags),
     )
+
+
+_BATCH_NORM_OPS = {
+    "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
+    "_native_batch_norm_legit_no_training",
+}
+
+
+def _real_batch_norm_stat_bytes(node: fx.Node, val: torch.Tensor) -> int | None:
+    """The true size of a CPU batch norm's saved mean or inverse std, where the fake tensor is wrong.
+
+    With a bf16/fp16 input and float32 weight, bias or running statistics (the usual case under
+    autocast), aten's CPU kernel returns these two in float32, while torch's decomposition (which
+    fake tensors use) casts them to the input's dtype. Without this, the plan under-counts them
+    and the measured saved bytes exceed the prediction. None: trust the fake tensor.
+    """
+    if node.target is not operator.getitem or node.args[1] not in (1, 2) or val.device.type != "cpu":
+        return None
+    norm = node.args[0]
+    target = getattr(norm, "target", None)
+    if not isinstance(target, torch._ops.OpOverload) or target.overloadpacket.__name__ not in _BATCH_NORM_OPS:
+        return None
+    source = norm.args[0].meta.get("val") if isinstance(norm.args[0], fx.Node) else None
+    params = [a.meta.get("val") for a in norm.args[1:5] if isinstance(a, fx.Node)]
+    mixed = (
+        isinstance(source, torch.Tensor)
+        and source.dtype in (torch.bfloat16, torch.float16)
+        and any(isinstance(p, torch.Tensor) and p.dtype == torch.float32 for p in params)
+    )
+    if not mixed or val.dtype == torch.float32:
+        return None
+    return _concrete(val.numel()) * torch.finfo(torch.float32).bits // 8
 
 
 def _dropout_getitems(dropout: fx.Node) -> dict[int, fx.Node]:
@@ -310,11 +413,27 @@ def _is_symbolic(val: Any) -> bool:
 
 
 def _concrete(x: Any) -> int:
-    """An int for a possibly symbolic size: its hint, without adding a guard."""
+    """An int for a possibly symbolic size: its hint, without adding a guard.
+
+    A data-dependent size (``h[h > 0]``, ``nonzero``) has no hint: take the upper bound dynamo
+    proved for it (e.g. every element selected), so that a plan's bytes are never under-counted
+    and the budget still holds; 0 only when no usable bound exists.
+    """
     if isinstance(x, torch.SymInt):
         hint = x.node.hint
-        return int(hint) if hint is not None else 0
+        return int(hint) if hint is not None else _upper_bound(x)
     return int(x)
+
+
+def _upper_bound(x: torch.SymInt) -> int:
+    try:
+        upper = x.node.shape_env.bound_sympy(x.node.expr).upper
+        if upper.is_finite and int(upper) < 2**48:
+            return int(upper)
+    except Exception as error:  # no shape env or an expression it cannot bound
+        logger.debug("no upper bound for %s: %s", x, error)
+    logger.warning("data-dependent size %s has no usable upper bound; planning counts it as 0 bytes", x)
+    return 0
 
 
 def _dtype_of(val: Any) -> torch.dtype:

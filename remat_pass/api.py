@@ -21,11 +21,13 @@ from solvers.problem import Plan
 from .dynamo_backend import DEFAULT_BUDGET, RematBackend
 from .capture import capture_failure
 from .costs import DeviceProfile
-from .errors import RematError
+from .errors import CaptureError, RematError
 
 logger = logging.getLogger(__name__)
 
 Signature = tuple[Hashable, ...]
+# Raised when dynamo gives up recompiling; absent in older torch (then nothing matches it).
+_RECOMPILE_LIMIT_HIT = getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", ())
 
 
 def input_signature(training: bool, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Signature:
@@ -56,6 +58,7 @@ class RematModule(nn.Module):
         solver: str,
         device: str | DeviceProfile,
         time_limit: float,
+        budget_kind: str = "auto",
         **solver_options: Any,
     ) -> None:
         super().__init__()
@@ -64,8 +67,8 @@ class RematModule(nn.Module):
         self._signature: Signature | None = None
         self._last_signature: Signature | None = None
         self._backend = RematBackend(
-            budget, inner=inner, solver=solver, device=device, time_limit=time_limit,
-            on_plan=self._record_plan, **solver_options,
+            budget, inner=inner, solver=solver, device=device, time_limit=time_limit, budget_kind=budget_kind,
+            on_plan=self._record_plan, free_inputs=True, **solver_options,
         )
         # Not a registered submodule: its parameters are the original's.
         object.__setattr__(self, "_compiled", torch.compile(module, backend=self._backend, fullgraph=True, dynamic=False))
@@ -100,6 +103,16 @@ class RematModule(nn.Module):
             ) from error
         except torch._dynamo.exc.TorchDynamoException as error:
             raise capture_failure(error) from error
+        except _RECOMPILE_LIMIT_HIT as error:  # not a TorchDynamoException
+            limit = getattr(torch._dynamo.config, "recompile_limit", None) or torch._dynamo.config.cache_size_limit
+            raise CaptureError(
+                f"dynamo's recompile limit for this forward ({limit}, torch._dynamo.config.recompile_limit) is "
+                f"reached: every new input signature (shapes, dtypes, train/eval) is captured and planned again "
+                f"(this module has {len(self._plans)} plans), and so is every change of Python state forward "
+                f"reads, such as an int attribute it increments (`self.calls += 1`: dynamo specializes on the "
+                f"value). Pad or bucket inputs to a few shapes, keep changing state in a tensor buffer, or raise "
+                f"torch._dynamo.config.recompile_limit. TORCH_LOGS=recompiles shows why each recompile happened."
+            ) from error
         finally:
             self._last_signature, self._signature = self._signature, None
 
@@ -138,13 +151,16 @@ def optimize(
     solver: str = "ilp",
     device: str | DeviceProfile = "cpu",
     time_limit: float = 60.0,
+    budget_kind: str = "auto",
     **solver_options: Any,
 ) -> RematModule:
     """Wrap ``model`` so that its training step keeps at most ``budget`` activation bytes.
 
     budget: a float in (0, 1] is a fraction of what the un-rematerialized step saves for
-    backward; an int (bytes) or a string like "512MB" / "2GiB" is an absolute cap. The plan is
-    made on the first call (or now, from ``example_inputs``); an impossible budget raises
+    backward; an int (bytes) or a string like "512MB" / "2GiB" is an absolute cap on the peak
+    activation memory of the step. ``budget_kind`` ("saved" or "peak") overrides that choice
+    (a peak fraction is relative to the un-rematerialized step's peak). The plan is made on the
+    first call (or now, from ``example_inputs``); an impossible budget raises
     BudgetInfeasibleError with the smallest feasible one. ``device`` picks the cost model.
 
     >>> import remat_pass
@@ -158,7 +174,8 @@ def optimize(
     if not isinstance(model, nn.Module):
         raise TypeError(f"optimize expects an nn.Module, got {type(model).__name__}")
     optimized = RematModule(
-        model, budget, inner=inner, solver=solver, device=device, time_limit=time_limit, **solver_options
+        model, budget, inner=inner, solver=solver, device=device, time_limit=time_limit,
+        budget_kind=budget_kind, **solver_options,
     )
     if example_inputs is not None:
         if not isinstance(example_inputs, tuple):

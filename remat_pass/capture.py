@@ -130,7 +130,16 @@ def make_dynamo_backend(handler: JointGraphHandler, inner: str = "eager") -> Cal
 
 def capture_failure(error: BaseException) -> CaptureError:
     """Turn a dynamo/AOTAutograd exception into an error that says what to do next."""
-    reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    lines = [line.strip() for line in str(error).strip().splitlines()]
+    reason = lines[0] if lines and lines[0] else type(error).__name__
+    # Dynamo's first line is a category ("RuntimeError when making fake tensor call"); the
+    # specific cause (e.g. "no fake impl registered for ...") and the user's line follow it.
+    explanation = next((line[len("Explanation:"):].strip() for line in lines if line.startswith("Explanation:")), "")
+    if explanation:
+        reason += f" ({explanation[:500]})"
+    user_code = lines.index("from user code:") if "from user code:" in lines else -1
+    if 0 <= user_code < len(lines) - 1 and lines[user_code + 1].startswith("File "):
+        reason += f"\n  at {lines[user_code + 1]}"
     return CaptureError(
         f"could not capture the model as one graph: {type(error).__name__}: {reason}\n"
         "Common causes: data-dependent control flow (`if x.sum() > 0`), calls into code torch.compile "

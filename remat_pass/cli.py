@@ -13,9 +13,11 @@ they need inside their handler.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 if TYPE_CHECKING:
     from remat_pass.estimate import LayerPlan
@@ -34,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_estimate_parser(subparsers)
     _add_demo_parser(subparsers)
+    _add_explain_parser(subparsers)
     return parser
 
 
@@ -91,6 +94,182 @@ def _run_demo(args: argparse.Namespace) -> int:
         return 1
     print(result.report())
     return 0
+
+
+# -- explain ---------------------------------------------------------------------------
+
+
+def _add_explain_parser(subparsers: Any) -> None:
+    """Register ``explain``: trace a user's model and account for a plan module by module."""
+    sub = subparsers.add_parser(
+        "explain",
+        help="trace a model from a Python file; show per module what a budget keeps and recomputes",
+        description="Trace one training step of the model FACTORY builds (nothing is trained), plan it for "
+        "--budget and print per nn.Module: bytes kept, bytes recomputed, estimated recompute cost and a "
+        "policy label (none / selective / full).",
+        epilog="FACTORY is a function in FILE.py returning (model, example_inputs) or (model, example_inputs, "
+        "loss_fn); example_inputs is a tuple or one tensor; loss_fn(output, *example_inputs) is traced with "
+        "the model. Exit status: 0 planned, 1 planning failed (e.g. an infeasible budget), 2 bad arguments.")
+    sub.add_argument("target", metavar="FILE.py:FACTORY", help="the file and the factory function in it")
+    sub.add_argument("--budget", default="0.5",
+                     help="fraction of keep-all in (0, 1] or a size such as 2MiB (default 0.5)")
+    sub.add_argument("--solver", default="ilp", help="ilp (default) or a baseline: keep_all, recompute_all, "
+                     "chen_sqrt, per_block, selective")
+    sub.add_argument("--device", default="cpu", help="cost model: cpu (default), a100, h100, h200")
+    sub.add_argument("--depth", type=_positive_int, default=None,
+                     help="sum modules to their first N path parts (2: 'blocks.0'); default: innermost")
+    sub.add_argument("--time-limit", type=_positive_float, default=60.0,
+                     help="seconds for the ILP (default 60)")
+    sub.add_argument("--json", action="store_true", help="print a machine-readable dict instead of the table")
+    sub.add_argument("--plot", metavar="DIR", default=None,
+                     help="also sweep budgets and write DIR/pareto.png (needs matplotlib)")
+    sub.set_defaults(handler=_run_explain, usage_error=sub.error)
+
+
+def _load_factory(target: str) -> tuple[Any, tuple[Any, ...], Any]:
+    """Import FILE.py, call FACTORY(), check what it returned; _UsageError on anything wrong."""
+    import importlib.util
+    from pathlib import Path
+
+    import torch
+
+    file_text, colon, name = target.rpartition(":")
+    if not colon or not file_text or not name.isidentifier():
+        raise _UsageError(f"expected FILE.py:FACTORY, got {target!r}")
+    path = Path(file_text)
+    if not path.is_file():
+        raise _UsageError(f"no such file: {file_text}")
+    module_name = f"_remat_pass_factory_{path.stem}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise _UsageError(f"cannot import {file_text} as a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    folder = str(path.resolve().parent)
+    sys.path.insert(0, folder)  # so that the file can import its neighbours
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 - the user's file: report it in one line
+        raise _UsageError(f"importing {file_text} failed: {_one_line(e)}") from e
+    finally:
+        sys.path.remove(folder)
+    factory = getattr(module, name, None)
+    if not callable(factory):
+        raise _UsageError(f"{file_text} has no function {name!r}")
+    try:
+        made = factory()
+    except Exception as e:  # noqa: BLE001
+        raise _UsageError(f"{name}() failed: {_one_line(e)}") from e
+    shape = "(model, example_inputs) or (model, example_inputs, loss_fn)"
+    if not isinstance(made, tuple) or len(made) not in (2, 3):
+        raise _UsageError(f"{name}() must return {shape}, got {type(made).__name__}"
+                          f"{f' of length {len(made)}' if isinstance(made, tuple) else ''}")
+    model, inputs, loss_fn = (*made, None) if len(made) == 2 else made
+    if not isinstance(model, torch.nn.Module):
+        raise _UsageError(f"{name}() must return {shape}; its model is a {type(model).__name__}, not an nn.Module")
+    inputs = (inputs,) if isinstance(inputs, torch.Tensor) else inputs
+    if not isinstance(inputs, (tuple, list)):
+        raise _UsageError(f"{name}() must return {shape}; example_inputs is a {type(inputs).__name__}, "
+                          "not a tuple or a tensor")
+    if loss_fn is not None and not callable(loss_fn):
+        raise _UsageError(f"{name}() must return {shape}; loss_fn is a {type(loss_fn).__name__}, not callable")
+    return model, tuple(inputs), loss_fn
+
+
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
+
+
+def _run_explain(args: argparse.Namespace) -> int:
+    import logging
+    from pathlib import Path
+
+    import solvers
+    from remat_pass.budget import parse_budget
+    from remat_pass.costs import get_profile
+    from remat_pass.errors import BudgetInfeasibleError, InvalidBudgetError, RematError
+    from remat_pass.explain import explain_traced, trace_step
+
+    logging.basicConfig(level=logging.WARNING)
+    try:
+        budget = parse_budget(_budget_argument(args.budget))
+        get_profile(args.device)
+    except (InvalidBudgetError, ValueError) as e:
+        raise _UsageError(str(e)) from e
+    if args.solver not in solvers.SOLVERS:
+        raise _UsageError(f"unknown solver {args.solver!r}; choose one of {', '.join(sorted(solvers.SOLVERS))}")
+    model, inputs, loss_fn = _load_factory(args.target)
+    options = {"time_limit": args.time_limit} if args.solver == "ilp" else {}
+    try:
+        with _stdout_to_stderr():
+            traced = trace_step(model, inputs, loss_fn=loss_fn, device=args.device)
+            explanation = explain_traced(traced, budget, args.solver, depth=args.depth, **options)
+    except BudgetInfeasibleError as e:
+        if args.json:
+            print(json.dumps({"error": "infeasible", "message": str(e), "budget_bytes": e.budget_bytes,
+                              "min_feasible_bytes": e.min_bytes, "keep_all_bytes": e.keep_all_bytes}, indent=2))
+        else:
+            print(f"{PROG} explain: {e}", file=sys.stderr)
+        return 1
+    except RematError as e:
+        print(f"{PROG} explain: {e}", file=sys.stderr)
+        return 1
+    written: list[str] = []
+    if args.plot is not None:
+        try:
+            with _stdout_to_stderr():
+                written = _explain_plots(traced, explanation, budget, args.solver, Path(args.plot), options)
+        except (ImportError, OSError) as e:
+            print(f"{PROG} explain: could not write plots: {e}", file=sys.stderr)
+            return 1
+    if args.json:
+        print(json.dumps({**explanation.to_dict(), "pieces": traced.pieces, "plots": written}, indent=2))
+    else:
+        explanation.render()
+        for path in written:
+            print(f"wrote {path}")
+    return 0
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """Send whatever native code prints (HiGHS's banner) to stderr: stdout carries only our output."""
+    sys.stdout.flush()
+    try:
+        stdout_fd, stderr_fd = sys.stdout.fileno(), sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (captured in tests): nothing to guard
+        yield
+        return
+    saved = os.dup(stdout_fd)
+    try:
+        os.dup2(stderr_fd, stdout_fd)
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, stdout_fd)
+        os.close(saved)
+
+
+def _explain_plots(traced: Any, explanation: Any, budget: Any, solver: str, folder: Any,
+                   options: dict[str, Any]) -> list[str]:
+    """The Pareto curve of a budget sweep, and the memory timeline once a simulator exists."""
+    from remat_pass.plots import plot_memory_timeline, plot_pareto
+    from remat_pass.tradeoff import DEFAULT_BUDGETS, sweep_traced
+
+    budgets = DEFAULT_BUDGETS if budget.fraction in DEFAULT_BUDGETS else (*DEFAULT_BUDGETS, budget)
+    curve = sweep_traced(traced, budgets, solver, **options)
+    written = [str(plot_pareto(curve, folder / "pareto.png", highlight=explanation.plan))]
+    try:
+        # Hook for the memory simulator, drawn once it provides
+        # timeline(traced: TracedStep, plan: Plan) -> {series name: [(step, bytes), ...]}.
+        from remat_pass.simulate import timeline  # type: ignore[attr-defined]
+    except ImportError:
+        return written
+    series = timeline(traced, explanation.plan)
+    written.append(str(plot_memory_timeline(series, folder / "memory_timeline.png")))
+    return written
 
 
 # -- estimate --------------------------------------------------------------------------

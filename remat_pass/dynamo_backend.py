@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from torch import fx
@@ -23,7 +23,9 @@ from .annotate import annotate
 from .budget import Budget, parse_budget
 from .capture import INNER_COMPILERS, JointGraph, make_dynamo_backend
 from .costs import DeviceProfile
+from .errors import RematError
 from .rewrite import rewrite
+from .simulate import simulate
 
 logger = logging.getLogger(__name__)
 
@@ -31,31 +33,115 @@ DEFAULT_BUDGET = 0.5
 """Half the activation bytes: usually attainable by recomputing only cheap ops."""
 
 
+BUDGET_KINDS = ("auto", "saved", "peak")
+
+
+def resolve_budget_kind(budget: Budget, kind: str) -> str:
+    """"auto": a fraction bounds saved bytes, an absolute size bounds the step's peak.
+
+    A fraction is relative to what the un-rematerialized step saves, so "saved" is what it
+    naturally means; an absolute size is what a user's device can hold, so it must bound the
+    peak — a bound on saved bytes alone can be met by a plan that peaks higher.
+    """
+    if kind not in BUDGET_KINDS:
+        raise ValueError(f"budget_kind must be one of {BUDGET_KINDS}, got {kind!r}")
+    if kind != "auto":
+        return kind
+    return "saved" if budget.fraction is not None else "peak"
+
+
 @dataclass(frozen=True)
 class PlanOptions:
-    """How plans are made. ``device`` picks the cost model ("cpu", "a100", "h100", "h200")."""
+    """How plans are made. ``device`` picks the cost model ("cpu", "a100", "h100", "h200");
+    ``budget_kind`` says what the budget bounds ("auto", "saved", "peak")."""
 
     budget: Budget
     solver: str = "ilp"
     device: str | DeviceProfile = "cpu"
     time_limit: float = 60.0
+    budget_kind: str = "auto"
     solver_options: dict[str, Any] = field(default_factory=dict)
+    free_inputs: bool = False  # see annotate(): True only when each graph is a whole step
+
+
+# A peak budget is planned with headroom for what the graphs do not show: the allocator's
+# rounding and the few small tensors the autograd runtime allocates around the graphs.
+PEAK_HEADROOM_FRACTION = 0.01
+PEAK_HEADROOM_BYTES = 16 * 1024
+
+
+def _without_headroom(budget_bytes: int) -> int:
+    return max(int(budget_bytes * (1 - PEAK_HEADROOM_FRACTION)) - PEAK_HEADROOM_BYTES, 1)
+
+
+def _with_headroom(planned_bytes: int) -> int:
+    """The smallest budget whose headroom-reduced value is ``planned_bytes`` or more."""
+    budget = int((planned_bytes + PEAK_HEADROOM_BYTES) / (1 - PEAK_HEADROOM_FRACTION))
+    while _without_headroom(budget) < planned_bytes:
+        budget += 1
+    return budget
+
+
+def plan_problem(problem: solvers.Problem, options: PlanOptions) -> Plan:
+    """Resolve the budget against ``problem`` and solve; the plan carries its predicted peak."""
+    kind = resolve_budget_kind(options.budget, options.budget_kind)
+    extra = dict(options.solver_options)
+    solver = options.solver
+    if solver == "ilp" and kind == "peak":
+        solver = "ilp_peak"
+    if solver in ("ilp", "ilp_peak"):
+        extra.setdefault("time_limit", options.time_limit)
+    if kind == "peak":
+        keep_all_peak = solvers.simulate_plan(problem, solvers.solve(problem, None, solver="keep_all")).peak_bytes
+        budget_bytes = options.budget.resolve(keep_all_peak)
+        try:
+            plan = solvers.solve(problem, _without_headroom(budget_bytes), solver=solver, **extra)
+        except solvers.BudgetInfeasibleError as error:
+            raise solvers.BudgetInfeasibleError(
+                budget_bytes, _with_headroom(error.min_bytes), keep_all_peak, kind="peak") from None
+        plan = replace(plan, budget_bytes=budget_bytes)
+    else:
+        budget_bytes = options.budget.resolve(problem.keep_all_bytes())
+        plan = solvers.solve(problem, budget_bytes, solver=solver, **extra)
+    if plan.predicted_peak_bytes is None:
+        plan = replace(plan, predicted_peak_bytes=solvers.simulate_plan(problem, plan).peak_bytes)
+    return plan
 
 
 def plan_joint_graph(joint: JointGraph, options: PlanOptions) -> tuple[Plan, fx.GraphModule, fx.GraphModule]:
-    """The whole pipeline for one joint graph: the plan and the two rewritten graphs."""
+    """The whole pipeline for one joint graph: the plan and the two rewritten graphs.
+
+    The rewritten graphs are replayed by the graph-level simulator as an independent check of
+    the plan-level peak prediction; a peak budget the graphs would break is an error, never a
+    silent overshoot.
+    """
     started = time.perf_counter()
-    annotated = annotate(joint, options.device)
-    budget_bytes = options.budget.resolve(annotated.problem.keep_all_bytes())
-    extra = dict(options.solver_options)
-    if options.solver == "ilp":
-        extra.setdefault("time_limit", options.time_limit)
-    plan = solvers.solve(annotated.problem, budget_bytes, solver=options.solver, **extra)
+    annotated = annotate(joint, options.device, free_inputs=options.free_inputs)
+    plan = plan_problem(annotated.problem, options)
     forward, backward = rewrite(annotated, plan)
+    simulated = simulate(forward, backward).peak_bytes
+    for _ in range(3):  # the two models disagree by a few bytes at most; re-plan with the margin
+        if plan.budget_kind != "peak" or plan.budget_bytes is None or simulated <= plan.budget_bytes:
+            break
+        margin = simulated - (plan.predicted_peak_bytes or simulated)
+        logger.info("graph-level peak %d over the %d-byte budget; re-planning %d bytes lower",
+                    simulated, plan.budget_bytes, max(margin, 1))
+        tighter = replace(options, budget=Budget(nbytes=max(plan.budget_bytes - max(margin, 1), 1)),
+                          budget_kind="peak")
+        plan = replace(plan_problem(annotated.problem, tighter), budget_bytes=plan.budget_bytes)
+        forward, backward = rewrite(annotated, plan)
+        simulated = simulate(forward, backward).peak_bytes
+    if plan.budget_kind == "peak" and plan.budget_bytes is not None and simulated > plan.budget_bytes:
+        raise RematError(
+            f"internal error: the rewritten graphs peak at {simulated} bytes, over the {plan.budget_bytes}-byte "
+            f"budget (plan-level prediction {plan.predicted_peak_bytes}); please report it"
+        )
+    if simulated != plan.predicted_peak_bytes:
+        logger.debug("graph-level peak %d vs plan-level %s", simulated, plan.predicted_peak_bytes)
     logger.info(
-        "planned %d forward values in %.2fs: keep %d of %d bytes, recompute %d values (%s, %s)",
+        "planned %d forward values in %.2fs: keep %d of %d bytes, recompute %d values, peak ~%d bytes (%s, %s)",
         len(annotated.problem.values), time.perf_counter() - started, plan.kept_bytes,
-        plan.keep_all_bytes, len(plan.recomputed), plan.solver, plan.status,
+        plan.keep_all_bytes, len(plan.recomputed), simulated, plan.solver, plan.status,
     )
     return plan, forward, backward
 
@@ -75,14 +161,18 @@ class RematBackend:
         solver: str = "ilp",
         device: str | DeviceProfile = "cpu",
         time_limit: float = 60.0,
+        budget_kind: str = "auto",
         on_plan: Callable[[Plan], None] | None = None,
+        free_inputs: bool = False,
         **solver_options: Any,
     ) -> None:
         if inner not in INNER_COMPILERS:
             raise ValueError(f"inner must be one of {INNER_COMPILERS}, got {inner!r}")
         if solver not in solvers.SOLVERS:
             raise ValueError(f"unknown solver {solver!r}; choose one of {sorted(solvers.SOLVERS)}")
-        self.options = PlanOptions(parse_budget(budget), solver, device, time_limit, solver_options)
+        parsed = parse_budget(budget)
+        resolve_budget_kind(parsed, budget_kind)  # reject a bad kind now, not at the first call
+        self.options = PlanOptions(parsed, solver, device, time_limit, budget_kind, solver_options, free_inputs)
         self.inner = inner
         self.plans: list[Plan] = []
         self._on_plan = on_plan

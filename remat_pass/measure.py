@@ -43,3 +43,48 @@ def saved_activation_bytes(fn: Callable[[], T], exclude: Iterable[torch.Tensor] 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         result = fn()
     return result, sum(sizes.values())
+
+
+def peak_activation_bytes(fn: Callable[[], T], survivors: Callable[[], Iterable[torch.Tensor]] = lambda: ()) -> tuple[T, int]:
+    """Call ``fn``; return its result and the peak of bytes allocated during it (allocator level).
+
+    Replays the allocation and free events ``torch.profiler`` records with
+    ``profile_memory=True``: live bytes relative to the start of the call, so memory that was
+    allocated before (parameters, inputs) never counts. The last allocation at the address
+    of each tensor ``survivors()`` returns after the call (pass the parameter gradients) is
+    left out, so the number is the peak of activations and temporaries. Works for CPU; on CUDA
+    prefer ``torch.cuda.max_memory_allocated``.
+    """
+    import warnings
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            result = fn()
+    kept = {t.untyped_storage().data_ptr() for t in survivors() if t is not None}
+    events = _allocation_events(prof)
+    last_allocation = {ptr: index for index, (ptr, size) in enumerate(events) if size > 0 and ptr in kept}
+    excluded = set(last_allocation.values())
+    live = peak = 0
+    for index, (_, size) in enumerate(events):
+        if index not in excluded:
+            live += size
+            peak = max(peak, live)
+    return result, peak
+
+
+def _allocation_events(prof: object) -> list[tuple[int, int]]:
+    """(address, signed bytes) of the CPU allocator events, in time order."""
+    from torch._C._profiler import _EventType
+
+    found: list[tuple[int, int, int, int]] = []
+    stack = list(prof.profiler.kineto_results.experimental_event_tree())  # type: ignore[attr-defined]
+    while stack:
+        event = stack.pop()
+        if event.tag == _EventType.Allocation and event.extra_fields.device.type == "cpu":
+            found.append((event.start_time_ns, len(found), event.extra_fields.ptr, event.extra_fields.alloc_size))
+        stack.extend(event.children)
+    found.sort()
+    return [(ptr, size) for _, _, ptr, size in found]

@@ -30,11 +30,13 @@ def rewrite(annotated: AnnotatedGraph, plan: Plan) -> tuple[fx.GraphModule, fx.G
     """Split the joint graph as ``plan`` says; returns ``(forward_module, backward_module)``."""
     if plan.problem is not annotated.problem:
         raise RematError("plan was made for a different problem than the one being rewritten")
-    saved_values, saved_symbols = _saved_nodes(annotated, plan)
     joint = annotated.joint
-    recomputed_names = {annotated.nodes[i].name for i in plan.recomputed}
-    recomputed_names |= _replay_dropouts(annotated, plan)
-    forward, backward = _extract(joint.module, saved_values, saved_symbols, joint.num_fwd_outputs, joint.partition_kwargs)
+    module, copies = _copy_module(joint.module)  # rewriting never touches the annotated graph
+    nodes = [copies[node] for node in annotated.nodes]
+    saved_values, saved_symbols = _saved_nodes(annotated, plan, nodes)
+    recomputed_names = {nodes[i].name for i in plan.recomputed}
+    recomputed_names |= _replay_dropouts(module.graph, nodes, plan)
+    forward, backward = _extract(module, saved_values, saved_symbols, joint.num_fwd_outputs, joint.partition_kwargs)
     _drop_unused_forward_copies(backward.graph, annotated, recomputed_names)
     _check_recomputation(backward, annotated, recomputed_names)
     _schedule_just_in_time(backward.graph, recomputed_names)
@@ -44,7 +46,17 @@ def rewrite(annotated: AnnotatedGraph, plan: Plan) -> tuple[fx.GraphModule, fx.G
     return forward, backward
 
 
-def _replay_dropouts(annotated: AnnotatedGraph, plan: Plan) -> set[str]:
+def _copy_module(module: fx.GraphModule) -> tuple[fx.GraphModule, dict[fx.Node, fx.Node]]:
+    """A copy of ``module`` whose nodes share names and ``meta`` (fake values) with the original."""
+    graph = fx.Graph()
+    copies: dict[fx.Node, fx.Node] = {}
+    result, output = graph.graph_copy(module.graph, copies, return_output_node=True)
+    new_output = graph.output(result)
+    new_output.meta.update(output.meta)
+    return fx.GraphModule(module, graph), copies
+
+
+def _replay_dropouts(graph: fx.Graph, nodes: list[fx.Node], plan: Plan) -> set[str]:
     """Replace each recomputed dropout output by ``input * mask * scale`` in the joint graph.
 
     The dropout op still runs once in forward, for its mask; every reader of its output,
@@ -54,28 +66,33 @@ def _replay_dropouts(annotated: AnnotatedGraph, plan: Plan) -> set[str]:
     import torch
 
     names: set[str] = set()
-    graph = annotated.joint.module.graph
     for i in sorted(plan.recomputed):
-        output = annotated.nodes[i]
+        output = nodes[i]
         sources = dropout_replay_sources(output)
         if sources is None:
             continue
         source, mask = sources
         probability = output.args[0].args[1]
         scale = 1.0 / (1.0 - probability)
+        # aten's ``input.mul(mask).mul_(scale)`` out of place (graphs stay functional): the
+        # product is a transient second tensor, which the memory models account for.
         with graph.inserting_after(output):
             masked = graph.call_function(torch.ops.aten.mul.Tensor, (source, mask))
         with graph.inserting_after(masked):
             rebuilt = graph.call_function(torch.ops.aten.mul.Tensor, (masked, scale))
+        meta = {k: v for k, v in output.meta.items() if k not in ("remat", "val")}
+        value = output.meta["val"]
         for node in (masked, rebuilt):
-            node.meta.update({k: v for k, v in output.meta.items() if k != "remat"})
+            with value.fake_mode:  # storages of their own, so memory simulation sees both tensors
+                fresh = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device=value.device)
+            node.meta.update(meta, val=fresh)
         output.replace_all_uses_with(rebuilt)
         graph.erase_node(output)
         names |= {masked.name, rebuilt.name}
     return names
 
 
-def _saved_nodes(annotated: AnnotatedGraph, plan: Plan) -> tuple[list[fx.Node], list[fx.Node]]:
+def _saved_nodes(annotated: AnnotatedGraph, plan: Plan, nodes: list[fx.Node]) -> tuple[list[fx.Node], list[fx.Node]]:
     """Kept values, plus the available inputs (parameters, inputs, symbols) backward reads."""
     problem = annotated.problem
     needed = set(problem.backward_reads) | set(plan.kept)
@@ -83,7 +100,7 @@ def _saved_nodes(annotated: AnnotatedGraph, plan: Plan) -> tuple[list[fx.Node], 
         needed.update(problem.values[i].inputs)
     tensors, symbols = [], []
     for i in sorted(needed - plan.recomputed):
-        node = annotated.nodes[i]
+        node = nodes[i]
         if _is_symbol(node):
             symbols.append(node)
         elif i in plan.kept or node.op == "placeholder":

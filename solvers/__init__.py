@@ -4,6 +4,7 @@ Every planner has one signature, ``fn(problem, budget_bytes=None, **options) -> 
 chosen by name from ``SOLVERS``:
 
 * ``"ilp"``: exact (an integer program; see ``solvers.ilp``), honours the budget or raises;
+* ``"ilp_peak"``: the budget bounds the simulated peak of the step (``solvers.peak``);
 * ``"keep_all"``, ``"recompute_all"``, ``"chen_sqrt"``, ``"per_block"``, ``"selective"``:
   the usual checkpointing heuristics; they record the budget but do not aim for it.
 
@@ -24,6 +25,8 @@ from typing import Protocol
 from .baselines import BASELINES
 from .errors import BudgetInfeasibleError, RematError, SolverError, SolverUnavailableError
 from .ilp import min_feasible_bytes, solve_ilp
+from .memory import PlanMemory, simulate_plan
+from .peak import solve_peak
 from .problem import Plan, Problem, Value, closure_from_keep_set, format_bytes
 
 
@@ -33,7 +36,7 @@ class SolverFn(Protocol):
     def __call__(self, problem: Problem, budget_bytes: int | None = None, **options: object) -> Plan: ...
 
 
-SOLVERS: dict[str, SolverFn] = {"ilp": solve_ilp, **BASELINES}
+SOLVERS: dict[str, SolverFn] = {"ilp": solve_ilp, "ilp_peak": solve_peak, **BASELINES}
 
 
 def solve(problem: Problem, budget_bytes: int | None = None, solver: str = "ilp", **options: object) -> Plan:
@@ -58,5 +61,7 @@ __all__ = [
     "closure_from_keep_set",
     "format_bytes",
     "min_feasible_bytes",
+    "simulate_plan",
+    "PlanMemory",
     "solve",
 ]

@@ -14,16 +14,25 @@ class RematError(Exception):
 class BudgetInfeasibleError(RematError, ValueError):
     """No plan keeps at most the budget; says the smallest budget that would work."""
 
-    def __init__(self, budget_bytes: int, min_bytes: int, keep_all_bytes: int) -> None:
+    def __init__(self, budget_bytes: int, min_bytes: int, keep_all_bytes: int, kind: str = "saved") -> None:
         self.budget_bytes = budget_bytes
         self.min_bytes = min_bytes
         self.keep_all_bytes = keep_all_bytes
+        self.kind = kind
         fraction = min_bytes / keep_all_bytes if keep_all_bytes else 0.0
-        super().__init__(
-            f"budget of {budget_bytes} bytes cannot be met: the smallest feasible budget for this graph is "
-            f"{min_bytes} bytes ({fraction:.4f} of the {keep_all_bytes} bytes the un-rematerialized step keeps). "
-            f"Pass budget={min_bytes} or budget={_ceil_fraction(fraction)} or more."
-        )
+        if kind == "peak":
+            message = (
+                f"peak budget of {budget_bytes} bytes cannot be met: the lowest peak remat_pass found for this "
+                f"graph is {min_bytes} bytes ({fraction:.4f} of the {keep_all_bytes}-byte peak of the "
+                f"un-rematerialized step). Pass budget={min_bytes} or more."
+            )
+        else:
+            message = (
+                f"budget of {budget_bytes} bytes cannot be met: the smallest feasible budget for this graph is "
+                f"{min_bytes} bytes ({fraction:.4f} of the {keep_all_bytes} bytes the un-rematerialized step "
+                f"keeps). Pass budget={min_bytes} or budget={_ceil_fraction(fraction)} or more."
+            )
+        super().__init__(message)
 
 
 class SolverError(RematError, RuntimeError):

@@ -26,8 +26,10 @@ storage
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Iterable
 
 # Tags annotate puts on values; planners may read them, nothing requires them.
 TAG_RANDOM = "random"
@@ -57,16 +59,34 @@ class Value:
 
 
 @dataclass(frozen=True)
+class BackwardStep:
+    """One backward op, in execution order: the forward values it reads, and the bytes of
+    backward-only tensors (activation gradients, tangents) live while it runs.
+
+    ``working_bytes`` does not depend on the plan; what the plan changes is which forward
+    values are alive next to it. Parameter gradients are not counted.
+    """
+
+    reads: tuple[int, ...]
+    working_bytes: int = 0
+
+
+@dataclass(frozen=True)
 class Problem:
     """Forward values in topological order (``values[i].id == i``) and what backward reads.
 
     ``storage_bytes[s]`` is the size of storage ``s``; available storages are 0.
+    ``forward_outputs`` (values the forward returns to the user or to buffers) and
+    ``backward_steps`` (the backward pass in order) feed the peak-memory model; planners that
+    only bound saved bytes ignore them.
     """
 
     values: tuple[Value, ...]
     storage_bytes: tuple[int, ...]
     backward_reads: frozenset[int]
     device: str = "cpu"
+    forward_outputs: frozenset[int] = frozenset()
+    backward_steps: tuple[BackwardStep, ...] = ()
 
     def __post_init__(self) -> None:
         self.validate()
@@ -85,6 +105,10 @@ class Problem:
                 raise ValueError(f"value {value.name!r} has unknown storage {value.storage}")
             if value.available and self.storage_bytes[value.storage] != 0:
                 raise ValueError(f"available value {value.name!r} must live in a 0-byte storage")
+        for step in self.backward_steps:
+            for read in step.reads:
+                if read not in self.backward_reads:
+                    raise ValueError(f"a backward step reads value id {read}, which is not in backward_reads")
         for read in self.backward_reads:
             if not 0 <= read < len(self.values):
                 raise ValueError(f"backward reads unknown value id {read}")
@@ -126,6 +150,8 @@ class Plan:
     gap: float | None = 0.0
     solve_seconds: float = 0.0
     budget_bytes: int | None = None
+    budget_kind: str = "saved"  # "saved": budget bounds kept bytes; "peak": the simulated step peak
+    predicted_peak_bytes: int | None = None
 
     def __post_init__(self) -> None:
         self.check()
@@ -183,12 +209,14 @@ class Plan:
         gap = "n/a" if self.gap is None else f"{self.gap:.2%}"
         lines = [
             f"Plan by {self.solver} ({self.status}, gap {gap}, {self.solve_seconds:.2f}s)",
-            f"  budget          {budget}",
+            f"  budget          {budget} ({'peak of the step' if self.budget_kind == 'peak' else 'saved for backward'})",
             f"  kept            {format_bytes(self.kept_bytes)} of {format_bytes(self.keep_all_bytes)} "
             f"({self.kept_fraction:.1%}) in {len(self.kept)} values",
             f"  recomputed      {len(self.recomputed)} values, {self.recompute_flops / 1e6:.2f} MFLOP, "
             f"~{self.recompute_seconds * 1e3:.3f} ms estimated",
         ]
+        if self.predicted_peak_bytes is not None:
+            lines.append(f"  predicted peak  {format_bytes(self.predicted_peak_bytes)} of activation memory in the step")
         sized = sorted(self.kept, key=lambda i: (-self.problem.storage_bytes[values[i].storage], i))
         if sized:
             lines.append("  largest kept:")
@@ -201,6 +229,145 @@ class Plan:
 
     def __str__(self) -> str:
         return self.summary()
+
+    def per_module(self, depth: int | None = None) -> list[ModuleRow]:
+        """What the plan does in each nn.Module: bytes kept and recomputed, extra cost, a policy label.
+
+        Rows follow ``Value.module`` (innermost module; ``depth`` truncates paths to their first
+        ``depth`` parts, so ``depth=2`` sums "blocks.0.attn" and "blocks.0.mlp" into "blocks.0"),
+        in order of first appearance. Each storage is charged once, to the module of the value
+        that created it (views, and detaches outside any module, count where their base was
+        made), so the rows' ``kept_bytes`` add up to ``plan.kept_bytes``. Modules that create no
+        bytes and recompute nothing (views only) get no row.
+
+        The label is ``"none"`` (nothing recomputed), ``"full"`` (the module recomputes and keeps
+        nothing but values other modules read: checkpointing, as ``torch.utils.checkpoint``
+        would) or ``"selective"`` (it keeps some of its own intermediates and recomputes others).
+        ``"offload"`` never appears: the traced planner keeps or recomputes; offload exists only
+        in ``remat-pass estimate``'s analytic model.
+
+        >>> x = Value(0, "x", (), storage=0, available=True)
+        >>> h = Value(1, "h", (0,), storage=1, flops=8, module="block")
+        >>> y = Value(2, "y", (1,), storage=2, module="head")
+        >>> plan = Plan(Problem((x, h, y), (0, 4, 4), frozenset({1, 2})), frozenset({2}), frozenset({1}), "manual")
+        >>> [(r.module, r.policy, r.kept_bytes, r.recomputed_bytes, r.recompute_flops) for r in plan.per_module()]
+        [('block', 'full', 0, 4, 8), ('head', 'none', 4, 0, 0)]
+        """
+        return _module_rows(self, depth)
+
+    def to_dict(self, depth: int | None = None) -> dict[str, Any]:
+        """A JSON-ready account: totals, every kept and recomputed value, and ``per_module(depth)``.
+
+        Each value entry carries its storage id and that storage's bytes; values sharing a storage
+        repeat its bytes, so add up ``kept_bytes``, not the entries.
+        """
+        problem = self.problem
+
+        def entry(i: int) -> dict[str, Any]:
+            value = problem.values[i]
+            return {"id": i, "name": value.name, "op": value.op, "module": value.module, "storage": value.storage,
+                    "bytes": problem.storage_bytes[value.storage], "recompute_seconds": value.recompute_seconds,
+                    "flops": value.flops}
+
+        return {
+            "solver": self.solver,
+            "status": self.status,
+            "gap": _finite_or_none(self.gap),
+            "solve_seconds": self.solve_seconds,
+            "device": problem.device,
+            "budget_bytes": self.budget_bytes,
+            "budget_kind": self.budget_kind,
+            "predicted_peak_bytes": self.predicted_peak_bytes,
+            "kept_bytes": self.kept_bytes,
+            "keep_all_bytes": self.keep_all_bytes,
+            "kept_fraction": self.kept_fraction,
+            "recompute_seconds": self.recompute_seconds,
+            "recompute_flops": self.recompute_flops,
+            "kept": [entry(i) for i in sorted(self.kept)],
+            "recomputed": [entry(i) for i in sorted(self.recomputed)],
+            "per_module": [dataclasses.asdict(row) for row in self.per_module(depth)],
+        }
+
+    def to_json(self, depth: int | None = None, indent: int | None = 2) -> str:
+        """``to_dict(depth)`` as JSON text."""
+        return json.dumps(self.to_dict(depth), indent=indent)
+
+
+POLICY_NONE, POLICY_SELECTIVE, POLICY_FULL = "none", "selective", "full"
+
+
+@dataclass(frozen=True)
+class ModuleRow:
+    """One module's share of a plan (``Plan.per_module``). Bytes are storage sizes, each counted once.
+
+    ``recomputed_bytes``: storages rebuilt in backward instead of kept (intermediates keep-all
+    never stores, such as a matmul output feeding an activation, count too). ``keep_all_bytes``:
+    what the un-rematerialized step keeps here, for comparison.
+    """
+
+    module: str
+    policy: str
+    kept_bytes: int
+    recomputed_bytes: int
+    keep_all_bytes: int
+    recompute_seconds: float
+    recompute_flops: int
+    kept_values: int
+    recomputed_values: int
+
+
+def _module_rows(plan: Plan, depth: int | None) -> list[ModuleRow]:
+    if depth is not None and depth < 1:
+        raise ValueError(f"depth must be a positive number of path parts or None, got {depth}")
+    problem = plan.problem
+    values = problem.values
+    group = [".".join(v.module.split(".")[:depth]) if depth is not None else v.module for v in values]
+    owner: dict[int, str] = {}  # storage -> group of the value that created it
+    order: dict[str, None] = {}
+    for value in values:
+        if not value.available:
+            owner.setdefault(value.storage, group[value.id])
+            order.setdefault(group[value.id], None)
+
+    kept = {values[i].storage for i in plan.kept}
+    recomputed = {values[i].storage for i in plan.recomputed} - kept
+    keep_all = {values[i].storage for i in problem.backward_reads}
+    # A storage other modules read (not merely as a view) is the module's output: a checkpointed
+    # module still keeps its output, as the next module's input.
+    exported: set[int] = set()
+    for value in values:
+        for source in value.inputs:
+            if group[source] != group[value.id] and TAG_VIEW not in value.tags:
+                exported.add(values[source].storage)
+
+    def charged(storages: set[int], name: str) -> int:
+        return sum(problem.storage_bytes[s] for s in storages if owner.get(s) == name)
+
+    owners = {owner[s] for s in owner if problem.storage_bytes[s] > 0}
+    rows = []
+    for name in order:
+        mine = [i for i in plan.recomputed if group[i] == name]
+        seconds = sum((values[i].recompute_seconds for i in mine), 0.0)
+        flops = sum(values[i].flops for i in mine)
+        if name not in owners and seconds == 0 and flops == 0:
+            continue  # only views and detaches of others' storages (the backward's own "" nodes)
+        recomputed_bytes = charged(recomputed, name)
+        if recomputed_bytes == 0 and seconds == 0 and flops == 0:
+            policy = POLICY_NONE
+        elif charged(kept - exported, name) == 0:
+            policy = POLICY_FULL
+        else:
+            policy = POLICY_SELECTIVE
+        rows.append(ModuleRow(
+            module=name, policy=policy, kept_bytes=charged(kept, name), recomputed_bytes=recomputed_bytes,
+            keep_all_bytes=charged(keep_all, name), recompute_seconds=seconds, recompute_flops=flops,
+            kept_values=sum(1 for i in plan.kept if group[i] == name), recomputed_values=len(mine),
+        ))
+    return rows
+
+
+def _finite_or_none(number: float | None) -> float | None:
+    return number if number is not None and math.isfinite(number) else None
 
 
 def _describe(problem: Problem, value_id: int) -> str:

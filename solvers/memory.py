@@ -1,0 +1,189 @@
+"""Peak memory of a plan, simulated on the torch-free Problem (no graphs needed).
+
+This mirrors what the rewritten graphs do at run time (``remat_pass.simulate`` replays the
+graphs themselves; the tests check the two agree):
+
+* forward: a value's storage is allocated when it is computed and freed after its last
+  forward reader, unless it is kept for backward or returned, then it lives on;
+* backward: the steps run in order; a recomputed value is materialized just before the first
+  step that needs it (directly or through another recomputed value) and freed after its last
+  use; a kept storage is freed after its last use; backward-only tensors (activation
+  gradients) are the plan-independent ``BackwardStep.working_bytes``.
+
+A recomputed value is materialized once and then held: recomputing a long chain for an early
+backward step keeps the whole chain alive until its values' own last uses. That is why a plan
+that keeps fewer bytes can peak higher, and why the peak-aware planner checks plans here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .problem import TAG_DROPOUT_REPLAY, BackwardStep, Plan, Problem
+
+
+@dataclass(frozen=True)
+class PlanMemory:
+    """Simulated activation memory of a plan: the peak, where it is, and the timeline."""
+
+    peak_bytes: int
+    peak_phase: str
+    peak_index: int
+    forward_live: tuple[int, ...]
+    backward_live: tuple[int, ...]
+
+    @property
+    def forward_peak(self) -> int:
+        return max(self.forward_live, default=0)
+
+    @property
+    def backward_peak(self) -> int:
+        return max(self.backward_live, default=0)
+
+
+def backward_steps_of(problem: Problem) -> tuple[BackwardStep, ...]:
+    """The problem's backward steps; for a hand-made problem without them, one step per value
+    backward reads, latest value first (backward runs in reverse), with no working set."""
+    if problem.backward_steps:
+        return problem.backward_steps
+    return tuple(BackwardStep((v,), 0) for v in sorted(problem.backward_reads, reverse=True))
+
+
+def _transient_bytes(problem: Problem, plan: Plan, value: int) -> int:
+    """Extra bytes live for a moment while ``value`` is made: a replayed dropout output is
+    ``(input * mask) * scale``, two tensors of its size until the first is dropped."""
+    v = problem.values[value]
+    if value in plan.recomputed and TAG_DROPOUT_REPLAY in v.tags:
+        return problem.storage_bytes[v.storage]
+    return 0
+
+
+def _forward_computed(problem: Problem, kept: frozenset[int]) -> list[int]:
+    """Values the forward graph computes: ancestors of its outputs and of kept values."""
+    wanted = set(problem.forward_outputs) | set(kept)
+    stack = list(wanted)
+    while stack:
+        for source in problem.values[stack.pop()].inputs:
+            if source not in wanted:
+                wanted.add(source)
+                stack.append(source)
+    return sorted(i for i in wanted if not problem.values[i].available)
+
+
+def _forward_live(problem: Problem, plan: Plan) -> tuple[tuple[int, ...], set[int]]:
+    """Live bytes after each forward value is computed; and the storages alive at the end."""
+    computed = _forward_computed(problem, plan.kept)
+    in_forward = set(computed)
+    values = problem.values
+    survivors = {values[i].storage for i in plan.kept | (problem.forward_outputs & in_forward)}
+    start: dict[int, int] = {}
+    end: dict[int, int] = {}
+    users = problem.users
+    for i in computed:
+        storage = values[i].storage
+        if problem.storage_bytes[storage] == 0:
+            continue
+        last = max((u for u in users[i] if u in in_forward), default=i)
+        start[storage] = min(start.get(storage, i), i)
+        end[storage] = max(end.get(storage, last), last)
+    allocated_at: dict[int, int] = {}
+    freed_after: dict[int, int] = {}
+    for storage, first in start.items():
+        nbytes = problem.storage_bytes[storage]
+        allocated_at[first] = allocated_at.get(first, 0) + nbytes
+        if storage not in survivors:
+            freed_after[end[storage]] = freed_after.get(end[storage], 0) + nbytes
+    live, timeline = 0, []
+    for i in computed:
+        live += allocated_at.get(i, 0)
+        timeline.append(live + _transient_bytes(problem, plan, i))
+        live -= freed_after.get(i, 0)
+    return tuple(timeline), {s for s in survivors if problem.storage_bytes[s] > 0}
+
+
+@dataclass(frozen=True)
+class _Event:
+    """A point in backward: materializing a recomputed value, or running backward step ``step``."""
+
+    step: int
+    value: int | None  # the value materialized; None for the step's own op
+
+
+def _backward_events(problem: Problem, plan: Plan) -> tuple[list[_Event], dict[int, int], dict[int, int]]:
+    """Events in run order, each value's materialization event and its last-use event.
+
+    Before step ``i`` runs, every recomputed value it needs (directly or through other
+    recomputed values) is materialized, inputs first; a value used only by such
+    materializations dies before step ``i`` itself runs.
+    """
+    values = problem.values
+    events: list[_Event] = []
+    materialized: dict[int, int] = {}
+    last_use: dict[int, int] = {}
+    for step_index, step in enumerate(backward_steps_of(problem)):
+        for v in _needed_in_order(problem, plan, step.reads, materialized):
+            materialized[v] = len(events)
+            events.append(_Event(step_index, v))
+            for u in values[v].inputs:
+                if not values[u].available:
+                    last_use[u] = materialized[v]
+        op = len(events)
+        events.append(_Event(step_index, None))
+        for v in step.reads:
+            if not values[v].available:
+                last_use[v] = op
+    return events, materialized, last_use
+
+
+def _needed_in_order(problem: Problem, plan: Plan, reads: tuple[int, ...], done: dict[int, int]) -> list[int]:
+    """Recomputed values not yet materialized that ``reads`` depend on, in topological order."""
+    values = problem.values
+    needed: set[int] = set()
+    stack = [v for v in reads if v in plan.recomputed and v not in done]
+    while stack:
+        v = stack.pop()
+        if v in needed:
+            continue
+        needed.add(v)
+        stack.extend(u for u in values[v].inputs if u in plan.recomputed and u not in done and u not in needed)
+    return sorted(needed)
+
+
+def simulate_plan(problem: Problem, plan: Plan) -> PlanMemory:
+    """Simulate the step's activation memory under ``plan`` (bytes, storages counted once)."""
+    forward_live, survivors = _forward_live(problem, plan)
+    events, materialized, last_use = _backward_events(problem, plan)
+    values = problem.values
+    pinned = {values[i].storage for i in problem.forward_outputs} - {values[i].storage for i in plan.kept}
+    pinned = {s for s in pinned if s in survivors}
+    intervals: dict[int, tuple[int, int]] = {}
+    for v, last in last_use.items():
+        storage = values[v].storage
+        if problem.storage_bytes[storage] == 0 or storage in pinned:
+            continue
+        begin = materialized.get(v, -1)
+        old = intervals.get(storage)
+        intervals[storage] = (begin, last) if old is None else (min(old[0], begin), max(old[1], last))
+    delta = [0] * (len(events) + 2)
+    for storage, (begin, last) in intervals.items():
+        nbytes = problem.storage_bytes[storage]
+        delta[begin + 1] += nbytes
+        delta[last + 2] -= nbytes
+    pinned_bytes = sum(problem.storage_bytes[s] for s in pinned)
+    steps = backward_steps_of(problem)
+    backward_live, live = [], delta[0]
+    for index, event in enumerate(events):
+        live += delta[index + 1]
+        if event.value is None:
+            working = steps[event.step].working_bytes
+        else:
+            working = steps[event.step - 1].working_bytes if event.step > 0 else 0
+            working += _transient_bytes(problem, plan, event.value)
+        backward_live.append(live + working + pinned_bytes)
+    forward_peak = max(forward_live, default=0)
+    backward_peak = max(backward_live, default=0)
+    if backward_peak >= forward_peak and backward_live:
+        phase, index, peak = "backward", backward_live.index(backward_peak), backward_peak
+    else:
+        phase, index, peak = "forward", forward_live.index(forward_peak) if forward_live else 0, forward_peak
+    return PlanMemory(peak, phase, index, tuple(forward_live), tuple(backward_live))

@@ -1,0 +1,317 @@
+"""Peak-aware planning: the least recompute time whose simulated step peak fits the budget.
+
+A bound on saved bytes does not bound the peak: recomputed chains are held until their last
+use, so a plan that keeps less can peak higher (``solvers.memory``). Modelling the memory of
+every step exactly (Checkmate) makes the ILP grow with the square of the graph. Here the
+saved-bytes ILP is solved, the plan is simulated, and only where the simulated peak breaks the
+budget is a row added — an ILP + simulator loop:
+
+* a *valid* row at the offending backward step ``t``: storages that must be alive there in any
+  plan that keeps or recomputes them (kept values read at or after ``t``; recomputed values
+  whose direct reads span ``t``) plus the plan-independent working set must fit;
+* if that row already holds (the excess comes from a chain recomputed early and held), a
+  row forbidding that same set of storages from being alive together.
+
+Rows are few (one or two per round), so each round costs about one saved-bytes solve. Every
+plan seen, and the checkpointing baselines, are kept as candidates: the answer is the cheapest
+one whose simulated peak fits, with status "optimal" only when the last ILP round's plan fits
+and that ILP was proven optimal under the rows (the valid rows never cut off a fitting plan,
+the heuristic ones may: then the status is "feasible").
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, replace
+
+import pulp
+
+from . import baselines
+from ._mip import resolve_backend, run_mip
+from ._model import Model, build, plan_from, rounding_for, weights_for
+from .errors import BudgetInfeasibleError
+from .memory import PlanMemory, _backward_events, backward_steps_of, simulate_plan
+from .problem import Plan, Problem
+
+logger = logging.getLogger("solvers")
+
+DEFAULT_ROUNDS = 4
+# Saved-bytes caps (fractions of keep-all) probed when a search finds nothing that fits.
+PROBE_FRACTIONS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7)
+PROBE_TIME_LIMIT = 30.0
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    plan: Plan
+    memory: PlanMemory
+
+
+def _reads_span(problem: Problem) -> tuple[dict[int, int], dict[int, int]]:
+    """First and last backward step that reads each value directly."""
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for index, step in enumerate(backward_steps_of(problem)):
+        for v in step.reads:
+            first.setdefault(v, index)
+            last[v] = index
+    return first, last
+
+
+class _PeakModel:
+    """The saved-bytes model plus the peak rows added so far."""
+
+    def __init__(self, problem: Problem, peak_budget: int, pinned_bytes: int, saved_cap: int) -> None:
+        self.problem = problem
+        self.rounding = rounding_for(problem)
+        cap = saved_cap if saved_cap < problem.keep_all_bytes() else None
+        self.model: Model = build(problem, self.rounding, cap, weights_for(problem))
+        self.peak_budget = peak_budget
+        self.pinned_bytes = pinned_bytes
+        self.first_read, self.last_read = _reads_span(problem)
+        self.rows = 0
+        self.heuristic_rows = 0  # rows that may cut off a fitting plan: no optimality claim then
+
+    def _alive_row(self, keep_terms: dict[int, list[int]], recompute_terms: dict[int, list[int]], room: int) -> None:
+        """sum over storages of bytes * alive_s <= room, alive_s >= each listed k_v / r_v."""
+        lp, model, q = self.model.lp, self.model, self.rounding.quantum
+        storages = sorted(set(keep_terms) | set(recompute_terms))
+        if not storages:
+            return
+        self.rows += 1
+        alive = {s: pulp.LpVariable(f"alive{self.rows}_{s}", lowBound=0, upBound=1) for s in storages}
+        for s in storages:
+            for v in keep_terms.get(s, ()):
+                if v in model.keep:
+                    lp += alive[s] >= model.keep[v], f"alive{self.rows}_k{v}"
+            for v in recompute_terms.get(s, ()):
+                if v in model.recompute:
+                    lp += alive[s] >= model.recompute[v], f"alive{self.rows}_r{v}"
+        sizes = self.problem.storage_bytes
+        lp += pulp.lpSum(-(-sizes[s] // q) * alive[s] for s in storages) <= max(room, 0) // q, f"peak{self.rows}"
+
+    def add_valid_row(self, step: int) -> bool:
+        """Storages that any plan keeping/recomputing them has alive at backward ``step``."""
+        problem, values = self.problem, self.problem.values
+        keep_terms: dict[int, list[int]] = {}
+        recompute_terms: dict[int, list[int]] = {}
+        for v, last in self.last_read.items():
+            storage = values[v].storage
+            if problem.storage_bytes[storage] == 0 or last < step:
+                continue
+            keep_terms.setdefault(storage, []).append(v)
+            if self.first_read[v] <= step:
+                recompute_terms.setdefault(storage, []).append(v)
+        room = self.peak_budget - self.pinned_bytes - backward_steps_of(problem)[step].working_bytes
+        self._alive_row(keep_terms, recompute_terms, room)
+        return True
+
+    def add_no_good_row(self, plan: Plan, alive_storages: set[int], working: int) -> None:
+        """Forbid this plan's set of storages alive together at its peak."""
+        self.heuristic_rows += 1
+        values = self.problem.values
+        keep_terms: dict[int, list[int]] = {}
+        recompute_terms: dict[int, list[int]] = {}
+        for v in plan.kept | plan.recomputed:
+            storage = values[v].storage
+            if storage in alive_storages:
+                (keep_terms if v in plan.kept else recompute_terms).setdefault(storage, []).append(v)
+        self._alive_row(keep_terms, recompute_terms, self.peak_budget - self.pinned_bytes - working)
+
+
+def _alive_at_peak(problem: Problem, plan: Plan, memory: PlanMemory) -> tuple[int | None, set[int], int]:
+    """The backward step of the peak, the plan's storages alive then, and the working bytes."""
+    if memory.peak_phase != "backward":
+        return None, set(), 0
+    events, materialized, last_use = _backward_events(problem, plan)
+    at = memory.peak_index
+    values = problem.values
+    alive = set()
+    for v, last in last_use.items():
+        begin = materialized.get(v, -1)
+        if begin <= at <= last and problem.storage_bytes[values[v].storage] > 0:
+            alive.add(values[v].storage)
+    step = events[at].step
+    working = backward_steps_of(problem)[step].working_bytes
+    return step, alive, working
+
+
+def _pinned_bytes(problem: Problem) -> int:
+    return problem.bytes_of(problem.forward_outputs)
+
+
+def solve_peak(
+    problem: Problem,
+    budget_bytes: int | None = None,
+    *,
+    time_limit: float = 60.0,
+    backend: str = "auto",
+    rounds: int = DEFAULT_ROUNDS,
+    threads: int | None = None,
+) -> Plan:
+    """The least recompute time whose simulated activation peak is at most ``budget_bytes``.
+
+    Two phases, both "solve, simulate, adjust": first a search over the saved-bytes cap (the
+    peak is roughly the saved bytes plus a working set, so a secant step lands close), then a
+    few rounds of peak rows on the best cap that still overshoots, to win back recompute.
+    Raises BudgetInfeasibleError (kind "peak") with the lowest peak found when nothing fits.
+    """
+    began = time.perf_counter()
+    keep_all = baselines.keep_all(problem)
+    keep_all_memory = simulate_plan(problem, keep_all)
+    if budget_bytes is None or keep_all_memory.peak_bytes <= budget_bytes:
+        return _finish(keep_all, keep_all_memory, "optimal", 0.0, began, budget_bytes)
+    search = _Search(problem, budget_bytes, resolve_backend(backend), began + time_limit, threads)
+    search.candidates += [_Candidate(p, simulate_plan(problem, p)) for p in baselines.heuristic_plans(problem)]
+    search.over_saved_cap(keep_all_memory)
+    if search.overshooting_cap is not None:
+        search.with_peak_rows(search.overshooting_cap, rounds)
+    fitting = [c for c in search.candidates if c.memory.peak_bytes <= budget_bytes]
+    if not fitting:
+        # The stated minimum must itself work when tried, so it comes from a fixed probe of
+        # the trade-off curve that every failing search repeats, not from this budget's search.
+        probes = search.probe()
+        fitting = [c for c in probes if c.memory.peak_bytes <= budget_bytes]
+        if not fitting:
+            lowest = min(c.memory.peak_bytes for c in probes)
+            raise BudgetInfeasibleError(budget_bytes, lowest, keep_all_memory.peak_bytes, kind="peak")
+    best = min(fitting, key=lambda c: (c.plan.recompute_seconds, c.memory.peak_bytes, c.plan.kept_bytes))
+    status, gap = ("optimal", 0.0) if best is search.proven else ("feasible", None)
+    return _finish(best.plan, best.memory, status, gap, began, budget_bytes)
+
+
+class _Search:
+    """Plans tried so far, and the two ways of finding more."""
+
+    def __init__(self, problem: Problem, budget: int, backend: str, deadline: float, threads: int | None) -> None:
+        self.problem, self.budget, self.backend, self.deadline, self.threads = problem, budget, backend, deadline, threads
+        self.candidates: list[_Candidate] = []
+        self.overshooting_cap: int | None = None
+        self.proven: _Candidate | None = None
+        self.floor = 0  # no cap below the smallest feasible saved bytes makes sense
+
+    def _left(self) -> float:
+        return self.deadline - time.perf_counter()
+
+    def _try_cap(self, cap: int, time_limit: float | None = None) -> _Candidate | None:
+        from .ilp import solve_ilp
+
+        seconds = max(self._left(), 0.1) if time_limit is None else time_limit
+        try:
+            plan = solve_ilp(self.problem, cap, time_limit=seconds, backend=self.backend, threads=self.threads)
+        except BudgetInfeasibleError as error:
+            self.floor = max(self.floor, error.min_bytes)
+            return None
+        candidate = _Candidate(plan, simulate_plan(self.problem, plan))
+        self.candidates.append(candidate)
+        logger.debug("ilp_peak: saved cap %d -> kept %d, peak %d (budget %d)", cap, plan.kept_bytes,
+                     candidate.memory.peak_bytes, self.budget)
+        return candidate
+
+    def probe(self, fractions: tuple[float, ...] = PROBE_FRACTIONS) -> list[_Candidate]:
+        """Plans at fixed saved-bytes caps (and the baselines): the same for every budget."""
+        keep_all_bytes = self.problem.keep_all_bytes()
+        found = [_Candidate(p, simulate_plan(self.problem, p)) for p in baselines.heuristic_plans(self.problem)]
+        for fraction in fractions:
+            candidate = self._try_cap(max(int(fraction * keep_all_bytes), 1), time_limit=PROBE_TIME_LIMIT)
+            if candidate is not None:
+                found.append(candidate)
+        if self.floor > 0:  # the least-bytes plan itself
+            candidate = self._try_cap(self.floor, time_limit=PROBE_TIME_LIMIT)
+            if candidate is not None:
+                found.append(candidate)
+        self.candidates += found
+        return found
+
+    def over_saved_cap(self, keep_all_memory: PlanMemory, iterations: int = 10) -> None:
+        """Largest saved-bytes cap whose plan's simulated peak fits (secant, then bisection)."""
+        keep_all_bytes = self.problem.keep_all_bytes()
+        overhead = keep_all_memory.peak_bytes - keep_all_bytes
+        fits_at: int | None = None
+        over_at: int | None = keep_all_bytes
+        cap = max(self.budget - overhead, 1)
+        tolerance = max(keep_all_bytes // 200, 1)
+        for _ in range(iterations):
+            if self._left() <= 0.1:
+                break
+            cap = max(cap, self.floor, 1)
+            candidate = self._try_cap(cap)
+            if candidate is None:  # below the smallest feasible cap
+                cap = self.floor
+                continue
+            peak = candidate.memory.peak_bytes
+            if peak <= self.budget:
+                fits_at = max(fits_at or 0, cap)
+            else:
+                over_at = cap if over_at is None else min(over_at, cap)
+            if fits_at is not None and over_at is not None and over_at - fits_at <= tolerance:
+                break
+            if fits_at is None:
+                cap = cap - (peak - self.budget) - tolerance  # step down by the excess
+                if cap < self.floor:
+                    if self.floor in (0, cap):
+                        break
+                    cap = self.floor
+            elif over_at is None:
+                cap = cap + (self.budget - peak)
+            else:
+                cap = (fits_at + over_at) // 2
+        self.overshooting_cap = over_at if fits_at is not None and over_at is not None else None
+
+    def with_peak_rows(self, cap: int, rounds: int) -> None:
+        """From a cap whose plan overshoots, add peak rows until a plan fits (or rounds run out)."""
+        peak_model = _PeakModel(self.problem, self.budget, _pinned_bytes(self.problem), saved_cap=cap)
+        for round_index in range(rounds):
+            if self._left() <= 0.1:
+                break
+            result = run_mip(peak_model.model.lp, backend=self.backend, time_limit=self._left(), threads=self.threads)
+            if result.status not in ("optimal", "feasible"):
+                break
+            plan = plan_from(self.problem, peak_model.model, result, solver="ilp_peak")
+            candidate = _Candidate(plan, simulate_plan(self.problem, plan))
+            self.candidates.append(candidate)
+            memory = candidate.memory
+            logger.debug("ilp_peak: row round %d: kept %d, peak %d", round_index, plan.kept_bytes, memory.peak_bytes)
+            if memory.peak_bytes <= self.budget:
+                if result.status == "optimal" and peak_model.heuristic_rows == 0:
+                    self.proven = candidate
+                return
+            step, alive, working = _alive_at_peak(self.problem, plan, memory)
+            if step is None:
+                _tighten_saved(peak_model, plan)
+                continue
+            peak_model.add_valid_row(step)
+            if _row_holds(self.problem, plan, step, self.budget, peak_model.pinned_bytes):
+                peak_model.add_no_good_row(plan, alive, working)
+
+
+def _row_holds(problem: Problem, plan: Plan, step: int, budget_bytes: int, pinned: int) -> bool:
+    """Whether the valid row at ``step`` is already satisfied by ``plan`` (so it cannot help)."""
+    first, last = _reads_span(problem)
+    values = problem.values
+    storages = set()
+    for v in plan.kept:
+        if last.get(v, -1) >= step:
+            storages.add(values[v].storage)
+    for v in plan.recomputed:
+        if first.get(v, step + 1) <= step <= last.get(v, -1):
+            storages.add(values[v].storage)
+    used = sum(problem.storage_bytes[s] for s in storages)
+    return used + pinned + backward_steps_of(problem)[step].working_bytes <= budget_bytes
+
+
+def _tighten_saved(peak_model: _PeakModel, plan: Plan) -> None:
+    """The forward peak is over: ask for fewer kept bytes than this plan keeps."""
+    lp, model, q = peak_model.model.lp, peak_model.model, peak_model.rounding.quantum
+    peak_model.rows += 1
+    peak_model.heuristic_rows += 1
+    lp += pulp.lpSum(peak_model.rounding.units(s) * g for s, g in model.paid.items()) <= max(
+        plan.kept_bytes - q, 0) // q, f"saved{peak_model.rows}"
+
+
+def _finish(plan: Plan, memory: PlanMemory, status: str, gap: float | None, began: float,
+            budget_bytes: int | None) -> Plan:
+    solver = plan.solver if plan.solver == "ilp_peak" else f"ilp_peak/{plan.solver}"
+    return replace(plan, solver=solver, status=status, gap=gap, solve_seconds=time.perf_counter() - began,
+                   budget_bytes=budget_bytes, budget_kind="peak", predicted_peak_bytes=memory.peak_bytes)

@@ -1,0 +1,109 @@
+"""``remat-pass explain`` end to end: the real process once for --json/--plot (numbers checked against
+the Python API) and once for a bad argument (exit status 2); the rest in-process through ``main(argv)``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from remat_pass.cli import main
+from remat_pass.explain import explain_traced, trace_step
+
+from .explain_factory import factory
+
+ROOT = Path(__file__).resolve().parents[1]
+FACTORY = "tests/explain_factory.py"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "remat_pass.cli", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_json_and_plot_subprocess_match_the_python_api(tmp_path):
+    result = run_cli("explain", f"{FACTORY}:factory", "--budget", "0.5", "--json", "--plot", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)  # stdout is the JSON alone: solver banners go to stderr
+    expected = explain_traced(trace_step(*factory()), 0.5).to_dict()
+    for key in ("solver", "status", "budget_bytes", "kept_bytes", "keep_all_bytes", "recompute_flops",
+                "step_flops", "budget"):
+        assert data[key] == expected[key], key
+    assert (data["budget_bytes"], data["keep_all_bytes"]) == (384, 768)
+    assert data["recompute_seconds"] == pytest.approx(expected["recompute_seconds"])
+    assert [e["name"] for e in data["kept"]] == [e["name"] for e in expected["kept"]]
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "recompute_seconds"} for r in rows]  # noqa: E731
+    assert strip(data["per_module"]) == strip(expected["per_module"])
+    assert sum(r["kept_bytes"] for r in data["per_module"]) == data["kept_bytes"]
+    (png,) = data["plots"]
+    assert Path(png) == tmp_path / "pareto.png"
+    content = Path(png).read_bytes()
+    assert content.startswith(PNG_SIGNATURE) and len(content) > 1000
+
+
+def test_bad_argument_subprocess_exits_2():
+    result = run_cli("explain", f"{FACTORY}:no_such_factory", "--budget", "0.5")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"remat-pass explain: error: {FACTORY} has no function 'no_such_factory'")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["missing.py:factory"], "no such file: missing.py"),
+    ([FACTORY], "expected FILE.py:FACTORY"),
+    ([f"{FACTORY}:not_a_model"], "its model is a str, not an nn.Module"),
+    ([f"{FACTORY}:wrong_arity"], "got tuple of length 1"),
+    ([f"{FACTORY}:factory", "--budget", "abc"], "invalid budget 'abc'"),
+    ([f"{FACTORY}:factory", "--budget", "1.5"], "must lie in (0, 1]"),
+    ([f"{FACTORY}:factory", "--solver", "magic"], "unknown solver 'magic'"),
+    ([f"{FACTORY}:factory", "--device", "tpu"], "unknown device profile 'tpu'"),
+    ([f"{FACTORY}:factory", "--depth", "0"], "must be a positive integer"),
+])
+def test_bad_input_exits_2_with_one_line(args, message, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit) as info:
+        main(["explain", *args])
+    assert info.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    last = captured.err.strip().splitlines()[-1]
+    assert last.startswith("remat-pass explain: error: ") and message in last
+
+
+def test_table_output(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert main(["explain", f"{FACTORY}:factory_with_loss", "--budget", "0.3", "--depth", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "Plan by ilp" in out and "blocks.0" in out and "blocks.1" in out and "total" in out
+    assert "full" in out or "selective" in out
+
+
+def test_infeasible_budget_exits_1_and_names_the_smallest(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert main(["explain", f"{FACTORY}:factory_dropout", "--budget", "32"]) == 1
+    err = capsys.readouterr().err
+    assert "smallest feasible budget for this graph is 64 bytes" in err
+    assert main(["explain", f"{FACTORY}:factory_dropout", "--budget", "32", "--json"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["error"] == "infeasible" and data["min_feasible_bytes"] == 64
+
+
+def test_memory_timeline_is_drawn_when_a_simulator_exists(tmp_path, capsys, monkeypatch):
+    seen = []
+
+    def timeline(traced, plan):
+        assert traced.problem is plan.problem and len(traced.annotated) == 1
+        seen.append(plan)
+        return {"keep-all": [(0, 0), (1, plan.keep_all_bytes)], "plan": [(0, 0), (1, plan.kept_bytes)]}
+
+    monkeypatch.setitem(sys.modules, "remat_pass.simulate", types.SimpleNamespace(timeline=timeline))
+    monkeypatch.chdir(ROOT)
+    assert main(["explain", f"{FACTORY}:factory_dropout", "--budget", "0.5", "--plot", str(tmp_path)]) == 0
+    assert len(seen) == 1 and seen[0].budget_bytes == 160
+    assert (tmp_path / "memory_timeline.png").read_bytes().startswith(PNG_SIGNATURE)
+    assert f"wrote {tmp_path / 'pareto.png'}" in capsys.readouterr().out

@@ -1,0 +1,134 @@
+"""Peak memory: the simulators against each other and against the allocator; peak budgets kept."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import remat_pass
+import solvers
+from remat_pass import BudgetInfeasibleError
+from remat_pass.annotate import annotate
+from remat_pass.capture import capture
+from remat_pass.examples import GPT, GPTConfig, lm_loss
+from remat_pass.measure import peak_activation_bytes
+from remat_pass.rewrite import rewrite
+from remat_pass.simulate import simulate
+from solvers.memory import simulate_plan
+
+from .helpers import assert_same_step, eager_reference, run_step
+
+
+class GPTWithLoss(nn.Module):
+    """The loss inside the module: the whole step is one captured graph."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.gpt = GPT(config)
+
+    def forward(self, tokens, targets):
+        return lm_loss(self.gpt(tokens), targets)
+
+
+def _case(seed: int = 0):
+    torch.manual_seed(seed)
+    config = GPTConfig(vocab_size=128, seq_len=64, layers=3, hidden=64, heads=4, dropout=0.1)
+    model = GPTWithLoss(config)
+    tokens = torch.randint(0, 128, (2, 64))
+    targets = torch.randint(0, 128, (2, 64))
+    return model, (tokens, targets), (lambda loss, *_: loss)
+
+
+@pytest.fixture(scope="module")
+def traced():
+    model, inputs, _ = _case()
+    (joint,) = capture(model, inputs)
+    return model, inputs, annotate(joint)
+
+
+PLANS = [("keep_all", None), ("ilp", 0.5), ("ilp", 0.25), ("recompute_all", None), ("per_block", None)]
+
+
+@pytest.mark.parametrize("solver, fraction", PLANS)
+def test_plan_level_simulation_matches_the_graphs(traced, solver, fraction):
+    _, _, annotated = traced
+    problem = annotated.problem
+    budget = None if fraction is None else int(fraction * problem.keep_all_bytes())
+    plan = solvers.solve(problem, budget, solver=solver)
+    graph_peak = simulate(*rewrite(annotated, plan)).peak_bytes
+    plan_peak = simulate_plan(problem, plan).peak_bytes
+    assert abs(plan_peak - graph_peak) <= 0.01 * graph_peak
+
+
+def test_saved_bytes_are_not_the_peak(traced):
+    """Why the peak needs its own model: recomputing everything can peak as high as keeping all."""
+    _, _, annotated = traced
+    problem = annotated.problem
+    keep_all = simulate_plan(problem, solvers.solve(problem, solver="keep_all"))
+    least = solvers.solve(problem, solver="recompute_all")
+    assert least.kept_bytes < 0.2 * problem.keep_all_bytes()
+    assert simulate_plan(problem, least).peak_bytes > 0.8 * keep_all.peak_bytes
+
+
+@pytest.mark.parametrize("kind, budget", [("peak", 0.6), ("peak", 0.4), ("auto", "absolute")])
+def test_peak_budget_is_kept_and_predicted_within_5_percent(kind, budget):
+    model, inputs, loss_fn = _case()
+    expected = eager_reference(model, inputs, loss_fn)
+    probe = remat_pass.optimize(model, budget=1.0, example_inputs=inputs)
+    keep_all_peak = probe.plan.predicted_peak_bytes
+    if budget == "absolute":
+        budget = int(0.5 * keep_all_peak)
+        limit = budget
+    else:
+        limit = int(budget * keep_all_peak)
+    torch._dynamo.reset()
+    optimized = remat_pass.optimize(model, budget=budget, budget_kind=kind, example_inputs=inputs)
+    plan = optimized.plan
+    assert plan.budget_kind == "peak" and plan.predicted_peak_bytes <= limit
+    gradients = [p.grad for p in model.parameters()]
+    torch.manual_seed(1234)
+    _, measured = peak_activation_bytes(
+        lambda: optimized(*inputs).backward(), survivors=lambda: [p.grad for p in model.parameters()]
+    )
+    assert measured <= limit, f"measured peak {measured} over the {limit}-byte budget"
+    assert abs(plan.predicted_peak_bytes - measured) <= 0.05 * measured
+    del gradients
+    assert_same_step(run_step(model, optimized, inputs, loss_fn), expected)
+
+
+def test_infeasible_peak_budget_states_a_minimum_that_works():
+    model, inputs, _ = _case()
+    with pytest.raises(BudgetInfeasibleError) as raised:
+        remat_pass.optimize(model, budget=1024, example_inputs=inputs)
+    error = raised.value
+    assert error.kind == "peak" and "peak" in str(error)
+    torch._dynamo.reset()
+    optimized = remat_pass.optimize(model, budget=error.min_bytes, example_inputs=inputs)
+    assert optimized.plan.predicted_peak_bytes <= error.min_bytes
+
+
+def test_bad_budget_kind_is_rejected():
+    with pytest.raises(ValueError, match="budget_kind"):
+        remat_pass.optimize(nn.Linear(2, 2), budget=0.5, budget_kind="flops")
+
+
+def test_peak_planner_on_a_hand_made_chain():
+    """x -> a -> b -> c -> d, each 100 bytes, read by backward in reverse order."""
+    from solvers.problem import Problem, Value
+
+    x = Value(0, "x", (), storage=0, available=True)
+    chain = [Value(i, name, (i - 1,), storage=i, recompute_seconds=1e-3) for i, name in enumerate("abcd", start=1)]
+    problem = Problem((x, *chain), (0, 100, 100, 100, 100), frozenset({1, 2, 3, 4}))
+    keep_all = simulate_plan(problem, solvers.solve(problem, solver="keep_all"))
+    assert keep_all.peak_bytes == 400
+    everything = simulate_plan(problem, solvers.solve(problem, solver="recompute_all"))
+    assert everything.peak_bytes == 400  # recomputing d first materializes a, b, c and holds them
+    plan = solvers.solve(problem, 300, solver="ilp_peak")
+    assert plan.budget_kind == "peak" and plan.predicted_peak_bytes <= 300
+    assert simulate_plan(problem, plan).peak_bytes == plan.predicted_peak_bytes
+    with pytest.raises(BudgetInfeasibleError) as raised:
+        solvers.solve(problem, 99, solver="ilp_peak")
+    assert raised.value.min_bytes > 99
+    fitting = solvers.solve(problem, raised.value.min_bytes, solver="ilp_peak")
+    assert fitting.predicted_peak_bytes <= raised.value.min_bytes
