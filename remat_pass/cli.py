@@ -120,6 +120,9 @@ def _add_explain_parser(subparsers: Any) -> None:
                      help="sum modules to their first N path parts (2: 'blocks.0'); default: innermost")
     sub.add_argument("--time-limit", type=_positive_float, default=60.0,
                      help="seconds for the ILP (default 60)")
+    sub.add_argument("--budget-kind", choices=("auto", "saved", "peak"), default="auto",
+                     help="what the budget bounds: saved bytes or the step's peak (auto: a fraction bounds "
+                     "saved bytes, a size the peak)")
     sub.add_argument("--json", action="store_true", help="print a machine-readable dict instead of the table")
     sub.add_argument("--plot", metavar="DIR", default=None,
                      help="also sweep budgets and write DIR/pareto.png (needs matplotlib)")
@@ -200,7 +203,7 @@ def _run_explain(args: argparse.Namespace) -> int:
     if args.solver not in solvers.SOLVERS:
         raise _UsageError(f"unknown solver {args.solver!r}; choose one of {', '.join(sorted(solvers.SOLVERS))}")
     model, inputs, loss_fn = _load_factory(args.target)
-    options = {"time_limit": args.time_limit} if args.solver == "ilp" else {}
+    options = {"time_limit": args.time_limit, "budget_kind": args.budget_kind}
     try:
         with _stdout_to_stderr():
             traced = trace_step(model, inputs, loss_fn=loss_fn, device=args.device)
@@ -254,19 +257,16 @@ def _stdout_to_stderr() -> Iterator[None]:
 
 def _explain_plots(traced: Any, explanation: Any, budget: Any, solver: str, folder: Any,
                    options: dict[str, Any]) -> list[str]:
-    """The Pareto curve of a budget sweep, and the memory timeline once a simulator exists."""
+    """The Pareto curve of a budget sweep, and the simulated memory timeline against keep-all."""
     from remat_pass.plots import plot_memory_timeline, plot_pareto
+    from remat_pass.simulate import timeline
     from remat_pass.tradeoff import DEFAULT_BUDGETS, sweep_traced
 
     budgets = DEFAULT_BUDGETS if budget.fraction in DEFAULT_BUDGETS else (*DEFAULT_BUDGETS, budget)
-    curve = sweep_traced(traced, budgets, solver, **options)
+    # the trade-off curve is over saved bytes, whatever the budget of the explained plan bounds
+    sweep_options = {k: v for k, v in options.items() if k != "budget_kind"}
+    curve = sweep_traced(traced, budgets, solver, **sweep_options)
     written = [str(plot_pareto(curve, folder / "pareto.png", highlight=explanation.plan))]
-    try:
-        # Hook for the memory simulator, drawn once it provides
-        # timeline(traced: TracedStep, plan: Plan) -> {series name: [(step, bytes), ...]}.
-        from remat_pass.simulate import timeline  # type: ignore[attr-defined]
-    except ImportError:
-        return written
     series = timeline(traced, explanation.plan)
     written.append(str(plot_memory_timeline(series, folder / "memory_timeline.png")))
     return written

@@ -64,10 +64,12 @@ class PlanOptions:
     free_inputs: bool = False  # see annotate(): True only when each graph is a whole step
 
 
-# A peak budget is planned with headroom for what the graphs do not show: the allocator's
-# rounding and the few small tensors the autograd runtime allocates around the graphs.
-PEAK_HEADROOM_FRACTION = 0.01
-PEAK_HEADROOM_BYTES = 16 * 1024
+# A peak budget is planned with headroom for what the graphs do not show: scratch space inside
+# kernels (e.g. a bool mask cast to float inside a multiplication), the allocator's rounding and
+# the few small tensors the autograd runtime allocates around the graphs. Measured on CPU, the
+# allocator's peak exceeded the simulated one by up to 1.7% (tests/test_peak.py).
+PEAK_HEADROOM_FRACTION = 0.03
+PEAK_HEADROOM_BYTES = 4 * 1024
 
 
 def _without_headroom(budget_bytes: int) -> int:

@@ -224,14 +224,27 @@ def format_flops(count: float) -> str:
 
 
 def explain_traced(
-    traced: TracedStep, budget: object, solver: str = "ilp", *, depth: int | None = None, **solver_options: Any
+    traced: TracedStep,
+    budget: object,
+    solver: str = "ilp",
+    *,
+    depth: int | None = None,
+    budget_kind: str = "auto",
+    **solver_options: Any,
 ) -> Explanation:
-    """``explain`` for a step already traced (``trace_step``); raises BudgetInfeasibleError."""
+    """``explain`` for a step already traced (``trace_step``); raises BudgetInfeasibleError.
+
+    The budget means what it means for ``optimize`` (``budget_kind``: a fraction bounds saved
+    bytes, an absolute size the step's peak, unless told otherwise).
+    """
+    from .dynamo_backend import PlanOptions, plan_problem
+
     parsed = parse_budget(budget)
     if depth is not None and depth < 1:
         raise ValueError(f"depth must be a positive number of path parts or None, got {depth}")
-    budget_bytes = parsed.resolve(traced.problem.keep_all_bytes())
-    plan = solvers.solve(traced.problem, budget_bytes, solver=solver, **solver_options)
+    time_limit = solver_options.pop("time_limit", 60.0)
+    options = PlanOptions(parsed, solver, traced.problem.device, time_limit, budget_kind, solver_options)
+    plan = plan_problem(traced.problem, options)
     return Explanation(plan=plan, budget=parsed, step_flops=traced.step_flops, depth=depth)
 
 

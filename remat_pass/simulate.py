@@ -169,3 +169,24 @@ def simulate(forward: fx.GraphModule, backward: fx.GraphModule) -> MemoryTimelin
         saved_bytes=saved_bytes,
         gradient_bytes=gradient_bytes,
     )
+
+
+def timeline(traced: Any, plan: Any) -> dict[str, list[tuple[int, int]]]:
+    """Live activation bytes over the step, un-rematerialized against ``plan``, for plotting.
+
+    ``traced`` is anything with a ``.problem`` (``remat_pass.explain.trace_step``'s result);
+    the series come from the plan-level simulator (``solvers.simulate_plan``), which the
+    tests check against this module's graph replay and the CPU allocator.
+
+    >>> # from remat_pass.plots import plot_memory_timeline
+    >>> # plot_memory_timeline(timeline(traced, plan), "memory.png")
+    """
+    import solvers
+
+    problem = traced.problem
+    series = {}
+    for name, chosen in (("keep all (no remat)", solvers.solve(problem, solver="keep_all")), (f"plan ({plan.solver})", plan)):
+        memory = solvers.simulate_plan(problem, chosen)
+        points = list(memory.forward_live) + list(memory.backward_live)
+        series[name] = list(enumerate(points))
+    return series

@@ -145,6 +145,13 @@ def binary(model: pulp.LpProblem, name: str) -> pulp.LpVariable:
     return pulp.LpVariable(name, cat=pulp.LpBinary)
 
 
+def fraction(model: pulp.LpProblem, name: str) -> pulp.LpVariable:
+    """A continuous variable in [0, 1] owned by ``model``, like ``binary``."""
+    if hasattr(model, "add_variable"):
+        return model.add_variable(name, 0, 1, cat=pulp.LpContinuous)
+    return pulp.LpVariable(name, lowBound=0, upBound=1)
+
+
 def _solve_once(model: pulp.LpProblem, backend: str, time_limit: float, threads: int | None, warm: bool, mip: bool,
                 gaps: tuple[float, float]) -> tuple[float, float | None]:
     """One backend run; returns its seconds and, for CBC, the bound from its log."""

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 import pulp
 
 from . import baselines
-from ._mip import resolve_backend, run_mip
+from ._mip import fraction, resolve_backend, run_mip
 from ._model import Model, build, plan_from, rounding_for, weights_for
 from .errors import BudgetInfeasibleError
 from .memory import PlanMemory, _backward_events, backward_steps_of, simulate_plan
@@ -80,7 +80,7 @@ class _PeakModel:
         if not storages:
             return
         self.rows += 1
-        alive = {s: pulp.LpVariable(f"alive{self.rows}_{s}", lowBound=0, upBound=1) for s in storages}
+        alive = {s: fraction(lp, f"alive{self.rows}_{s}") for s in storages}
         for s in storages:
             for v in keep_terms.get(s, ()):
                 if v in model.keep:

@@ -40,10 +40,10 @@ def test_json_and_plot_subprocess_match_the_python_api(tmp_path):
     strip = lambda rows: [{k: v for k, v in r.items() if k != "recompute_seconds"} for r in rows]  # noqa: E731
     assert strip(data["per_module"]) == strip(expected["per_module"])
     assert sum(r["kept_bytes"] for r in data["per_module"]) == data["kept_bytes"]
-    (png,) = data["plots"]
-    assert Path(png) == tmp_path / "pareto.png"
-    content = Path(png).read_bytes()
-    assert content.startswith(PNG_SIGNATURE) and len(content) > 1000
+    assert [Path(p) for p in data["plots"]] == [tmp_path / "pareto.png", tmp_path / "memory_timeline.png"]
+    for png in data["plots"]:
+        content = Path(png).read_bytes()
+        assert content.startswith(PNG_SIGNATURE) and len(content) > 1000
 
 
 def test_bad_argument_subprocess_exits_2():
@@ -85,23 +85,30 @@ def test_table_output(capsys, monkeypatch):
 
 def test_infeasible_budget_exits_1_and_names_the_smallest(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
-    assert main(["explain", f"{FACTORY}:factory_dropout", "--budget", "32"]) == 1
+    assert main(["explain", f"{FACTORY}:factory_dropout", "--budget", "32", "--budget-kind", "saved"]) == 1
     err = capsys.readouterr().err
     assert "smallest feasible budget for this graph is 64 bytes" in err
-    assert main(["explain", f"{FACTORY}:factory_dropout", "--budget", "32", "--json"]) == 1
+    assert main(["explain", f"{FACTORY}:factory_dropout", "--budget", "32", "--budget-kind", "saved", "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["error"] == "infeasible" and data["min_feasible_bytes"] == 64
 
 
-def test_memory_timeline_is_drawn_when_a_simulator_exists(tmp_path, capsys, monkeypatch):
+def test_memory_timeline_is_drawn_from_the_simulator(tmp_path, capsys, monkeypatch):
+    from remat_pass import simulate
+
     seen = []
+    simulated = simulate.timeline
 
     def timeline(traced, plan):
         assert traced.problem is plan.problem and len(traced.annotated) == 1
         seen.append(plan)
-        return {"keep-all": [(0, 0), (1, plan.keep_all_bytes)], "plan": [(0, 0), (1, plan.kept_bytes)]}
+        series = simulated(traced, plan)
+        assert len(series) == 2 and all(points for points in series.values())
+        keep_all, planned = series.values()
+        assert keep_all[-1][0] > 0 and planned[-1][0] > 0  # forward and backward events, both series
+        return series
 
-    monkeypatch.setitem(sys.modules, "remat_pass.simulate", types.SimpleNamespace(timeline=timeline))
+    monkeypatch.setattr(simulate, "timeline", timeline)
     monkeypatch.chdir(ROOT)
     assert main(["explain", f"{FACTORY}:factory_dropout", "--budget", "0.5", "--plot", str(tmp_path)]) == 0
     assert len(seen) == 1 and seen[0].budget_bytes == 160
