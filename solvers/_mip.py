@@ -8,15 +8,17 @@ fetches a proven lower bound from the backend when it reports one.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
+import sys
 import re
 import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Iterator, Mapping
 
 import pulp
 
@@ -66,7 +68,8 @@ def _backend_works(name: str) -> bool:
     model += x
     model += x >= 1
     try:
-        model.solve(solver)
+        with _native_stdout_silenced(name == "highs"):
+            model.solve(solver)
     except Exception as error:  # any failure means the backend cannot be used
         logger.debug("backend %s failed its probe: %s", name, error)
         return False
@@ -152,6 +155,29 @@ def fraction(model: pulp.LpProblem, name: str) -> pulp.LpVariable:
     return pulp.LpVariable(name, lowBound=0, upBound=1)
 
 
+@contextlib.contextmanager
+def _native_stdout_silenced(active: bool) -> Iterator[None]:
+    """Send C-level stdout to /dev/null meanwhile: HiGHS prints a banner there once per process
+    whatever its options say, which would corrupt a program's own output (JSON, tables)."""
+    if not active:
+        yield
+        return
+    try:
+        sys.stdout.flush()
+        stdout_fd = sys.__stdout__.fileno() if sys.__stdout__ is not None else 1
+        saved = os.dup(stdout_fd)
+    except (OSError, ValueError, AttributeError):
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), stdout_fd)
+            yield
+    finally:
+        os.dup2(saved, stdout_fd)
+        os.close(saved)
+
+
 def _solve_once(model: pulp.LpProblem, backend: str, time_limit: float, threads: int | None, warm: bool, mip: bool,
                 gaps: tuple[float, float]) -> tuple[float, float | None]:
     """One backend run; returns its seconds and, for CBC, the bound from its log."""
@@ -160,7 +186,8 @@ def _solve_once(model: pulp.LpProblem, backend: str, time_limit: float, threads:
         solver = _make_solver(backend, time_limit=max(time_limit, 1e-3), threads=threads, warm=warm,
                               log_path=log_path, mip=mip, gaps=gaps)
         began = time.perf_counter()
-        model.solve(solver)
+        with _native_stdout_silenced(backend == "highs"):
+            model.solve(solver)
         seconds = time.perf_counter() - began
         return seconds, (_cbc_lower_bound(log_path) if log_path else None)
 
