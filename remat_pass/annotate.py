@@ -358,7 +358,10 @@ def _op_tags(node: fx.Node) -> Iterable[str]:
         return
     if torch.Tag.nondeterministic_seeded in target.tags:
         yield TAG_RANDOM
-    if target._schema.is_mutable or _is_impure(node):
+    if target._schema.is_mutable or _is_impure(node) or target.overloadpacket.__name__.endswith("_functional"):
+        # A functionalized mutating op (BatchNorm with running statistics) reads state the step
+        # overwrites after the forward: recomputed in backward it would read the buffers after
+        # that update, and autograd rejects a saved tensor modified in place. Never recomputed.
         yield TAG_MUTATION
     if target.overloadpacket.__name__ in _MATMUL_OPS:
         yield TAG_MATMUL

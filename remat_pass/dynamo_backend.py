@@ -62,6 +62,9 @@ class PlanOptions:
     budget_kind: str = "auto"
     solver_options: dict[str, Any] = field(default_factory=dict)
     free_inputs: bool = False  # see annotate(): True only when each graph is a whole step
+    # The default budget is a preference, not a user's promise: when a graph cannot meet it,
+    # plan at the smallest feasible budget instead of failing the compile (and say so).
+    clamp_to_feasible: bool = False
 
 
 # A peak budget is planned with headroom for what the graphs do not show: scratch space inside
@@ -86,6 +89,18 @@ def _with_headroom(planned_bytes: int) -> int:
 
 def plan_problem(problem: solvers.Problem, options: PlanOptions) -> Plan:
     """Resolve the budget against ``problem`` and solve; the plan carries its predicted peak."""
+    try:
+        return _plan_problem(problem, options)
+    except solvers.BudgetInfeasibleError as error:
+        if not options.clamp_to_feasible:
+            raise
+        logger.warning("the default budget (%s) is infeasible for this graph; planning at the smallest "
+                       "feasible budget, %d bytes", options.budget, error.min_bytes)
+        kind = resolve_budget_kind(options.budget, options.budget_kind)
+        return _plan_problem(problem, replace(options, budget=Budget(nbytes=error.min_bytes), budget_kind=kind))
+
+
+def _plan_problem(problem: solvers.Problem, options: PlanOptions) -> Plan:
     kind = resolve_budget_kind(options.budget, options.budget_kind)
     extra = dict(options.solver_options)
     solver = options.solver
@@ -208,5 +223,8 @@ def backend(budget: object = DEFAULT_BUDGET, *, inner: str = "eager", **options:
 
 
 def remat_backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
-    """The registered "remat" backend: default budget, eager inner compiler."""
-    return RematBackend(DEFAULT_BUDGET)(gm, example_inputs)
+    """The registered "remat" backend: the default budget (or the smallest feasible one, where
+    a graph cannot meet it), eager inner compiler."""
+    backend = RematBackend(DEFAULT_BUDGET)
+    backend.options = replace(backend.options, clamp_to_feasible=True)
+    return backend(gm, example_inputs)

@@ -34,13 +34,25 @@ def saved_activation_bytes(fn: Callable[[], T], exclude: Iterable[torch.Tensor] 
     excluded = {_storage_key(t) for t in exclude if isinstance(t, torch.Tensor)}
     sizes: dict[tuple[str, int], int] = {}
 
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
+    def pack(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
         key = _storage_key(tensor)
         if key not in excluded and tensor.untyped_storage().data_ptr() != 0:
             sizes[key] = tensor.untyped_storage().nbytes()
+        return tensor, tensor._version
+
+    def unpack(packed: tuple[torch.Tensor, int]) -> torch.Tensor:
+        # With hooks installed autograd skips its own check that a saved tensor was not modified
+        # in place before backward; do it here, so measuring never hides such a bug.
+        tensor, version = packed
+        if tensor._version != version:
+            raise RuntimeError(
+                f"one of the variables needed for gradient computation has been modified by an inplace "
+                f"operation: a saved {tuple(tensor.shape)} tensor is at version {tensor._version}; "
+                f"expected version {version}"
+            )
         return tensor
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
         result = fn()
     return result, sum(sizes.values())
 

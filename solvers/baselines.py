@@ -40,8 +40,9 @@ def recompute_all(problem: Problem, budget_bytes: int | None = None, **options: 
 def articulation_chain(problem: Problem) -> list[int]:
     """Non-available values every forward path passes through, in topological order.
 
-    A virtual source feeds the values computed from available ones only, the values nobody
-    reads feed a virtual sink; the chain is the sink's dominators. On a transformer these are
+    A virtual source feeds the values computed from available ones only, the forward outputs
+    (or, when the problem names none, the values nobody reads) feed a virtual sink; the chain
+    is the sink's dominators. On a transformer these are
     the residual stream between blocks, where Chen et al. put their segment boundaries.
     """
     values = problem.values
@@ -56,7 +57,12 @@ def articulation_chain(problem: Problem) -> list[int]:
         graph.add_edges_from((u, value.id) for u in inner)
         if not inner:
             graph.add_edge(source, value.id)
-        if not any(not values[w].available for w in users[value.id]):
+        # The forward's outputs end the chain; without them (hand-made problems), every value
+        # nobody reads does. (Values only backward reads, such as dropout masks, would otherwise
+        # bypass the residual stream and leave no articulation points at all.)
+        ends = value.id in problem.forward_outputs if problem.forward_outputs else not any(
+            not values[w].available for w in users[value.id])
+        if ends:
             graph.add_edge(value.id, sink)
     if not graph.has_edge(source, sink) and not nx.has_path(graph, source, sink):
         return []

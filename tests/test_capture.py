@@ -46,7 +46,7 @@ def test_example_inputs_plan_ahead_without_touching_buffers_or_rng():
     model, inputs, loss_fn = make_case("cnn")
     before = copy.deepcopy(model.state_dict())
     rng = torch.get_rng_state()
-    optimized = remat_pass.optimize(model, budget=0.5, example_inputs=inputs)
+    optimized = remat_pass.optimize(model, budget=0.6, example_inputs=inputs)
     assert optimized.plan is not None
     assert torch.equal(torch.get_rng_state(), rng)
     for name, value in model.state_dict().items():
