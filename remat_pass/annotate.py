@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import operator
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
 import networkx as nx
@@ -108,6 +108,7 @@ def annotate(joint: JointGraph, device: str | DeviceProfile = "cpu", *, free_inp
         values.append(value)
         value_nodes.append(node)
 
+    _pin_readers_of_mutated_inputs(graph, values, value_nodes)
     _tag_attention_core(values)
     backward_reads = _backward_reads(graph, joint.num_fwd_outputs, backward_nodes, ids)
     outputs = _graph_outputs(graph)
@@ -476,6 +477,32 @@ def _flops(node: fx.Node) -> int:
         logger.debug("no FLOP count for %s: %s", node.format_node(), error)
         return 0
     return _concrete(count)
+
+
+def _mutated_inputs(graph: fx.Graph) -> set[fx.Node]:
+    """Placeholders whose tensors the AOTAutograd runtime overwrites after forward.
+
+    A forward that mutates an input (``x.mul_(2)``, a BatchNorm's running statistics) is
+    functionalized: the graph returns the new value and the runtime copies it into the input
+    before backward runs. AOTAutograd describes these outputs in the output node's "desc"
+    (older torch has no descriptors: then nothing is found).
+    """
+    output = next(iter(graph.find_nodes(op="output")))
+    mutated = [
+        getattr(desc, "mutated_input", None)
+        for desc in output.meta.get("desc") or ()
+        if type(desc).__name__ == "InputMutationAOTOutput"
+    ]
+    return {p for p in graph.find_nodes(op="placeholder") if p.meta.get("desc") is not None and p.meta["desc"] in mutated}
+
+
+def _pin_readers_of_mutated_inputs(graph: fx.Graph, values: list[Value], nodes: list[fx.Node]) -> None:
+    """Values read from a mutated input are never recomputed: in backward the input holds its
+    new data (wrong results), and autograd rejects a saved tensor modified in place."""
+    mutated = _mutated_inputs(graph)
+    for index, node in enumerate(nodes):
+        if values[index].recomputable and mutated.intersection(node.all_input_nodes):
+            values[index] = replace(values[index], recomputable=False)
 
 
 # --- graph-level tags -------------------------------------------------------------------------

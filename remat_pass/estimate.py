@@ -84,6 +84,7 @@ from enum import Enum
 from typing import Any, Mapping
 
 from solvers.errors import RematError  # torch-free, like this module
+from solvers.problem import format_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -474,15 +475,6 @@ def parse_bytes(text: str) -> int:
     _require(value > 0, f"invalid size {text!r}: must be positive")
     return value
 
-
-def format_bytes(count: float) -> str:
-    """Human-readable binary size, as the rest of remat_pass prints: 1536 -> '1.5 KiB'."""
-    size = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(size) < 1024 or unit == "TiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    raise AssertionError("unreachable")
 
 
 def _require(condition: bool, message: str) -> None:

@@ -578,21 +578,24 @@ def _refine(oracle: _Oracle, kept: frozenset[int], budget: int, deadline: float,
 
             count = len(bucket)
             even = exact(room // count)
-            lows = {min(configs.values(), key=lambda c: c.nbytes)} | ({even} if even is not None else set())
-            for low in sorted(lows, key=lambda c: c.nbytes):
-                # m groups get more than the rest: the share they can have when the others take `low`.
-                for m in _SPLITS:
-                    if m < count:
-                        exact((room - (count - m) * low.nbytes) // m)
-            choice = _allocate(list(configs.values()), count, room)
-            if choice is None:
+            if even is not None and count > 1:
+                # The exact trade-off of one group near the even share, then shares that let m groups
+                # have more while the others take a cheaper configuration.
+                for factor in _SHARES:
+                    exact(int(room // count * factor))
+                for low in sorted({c for c in configs.values() if c.nbytes <= even.nbytes}, key=lambda c: c.nbytes)[-3:]:
+                    for m in _SPLITS:
+                        if m < count:
+                            exact((room - (count - m) * low.nbytes) // m)
+            counts = _allocate(list(configs.values()), count, room, backend)
+            if counts is None:
                 continue
-            upper, lower, m = choice
+            assigned = [config for config, n in counts for _ in range(n)]
             keeps = set(current.kept)
-            for rank, g in enumerate(bucket):
+            for config, g in zip(assigned, bucket):
                 members = split.groups[g].members
                 keeps -= set(members)
-                keeps |= {members[k] for k in (upper if rank < m else lower).positions}
+                keeps |= {members[k] for k in config.positions}
             candidate = oracle.point(0.0, (frozenset(keeps),), -math.inf)
             if candidate.nbytes <= budget and candidate.seconds < current.seconds * (1 - 1e-12):
                 logger.debug("fast: refined %s x%d: %.6g -> %.6g s", representative.name, count, current.seconds,
@@ -604,6 +607,8 @@ def _refine(oracle: _Oracle, kept: frozenset[int], budget: int, deadline: float,
     return current.kept
 
 
+# Shares of a bucket's budget (relative to the even split) at which one group is solved exactly.
+_SHARES = (0.5, 0.75, 0.875, 0.9375, 1.0625, 1.125, 1.25, 1.5, 2.0)
 # Numbers of groups given a larger share than the others when a bucket's budget is split.
 _SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 
@@ -633,9 +638,50 @@ def _needed_outside(oracle: _Oracle, recomputed: frozenset[int]) -> frozenset[in
                      if u in group_of and group_of[u] != group_of[w])
 
 
-def _allocate(configs: list[_Config], count: int, room: int) -> tuple[_Config, _Config, int] | None:
-    """The cheapest way to give ``m`` groups one configuration and the rest another within ``room``."""
-    best: tuple[float, _Config, _Config, int] | None = None
+def _allocate(configs: list[_Config], count: int, room: int, backend: str) -> list[tuple[_Config, int]] | None:
+    """How many of ``count`` identical groups take each configuration: least time within ``room`` bytes.
+
+    A knapsack over a handful of configurations with multiplicities, solved exactly as a tiny
+    integer program (the best two-configuration split when the backend fails).
+    """
+    from ._mip import binary, resolve_backend, run_mip
+
+    configs = [c for c in configs if c.nbytes * count <= room or c.nbytes <= room]
+    if not configs:
+        return None
+    cheapest = min(configs, key=lambda c: c.nbytes)
+    if cheapest.nbytes * count > room:
+        return None
+    best_pair = _best_pair(configs, count, room)
+    if len(configs) <= 2 or count == 1:
+        return best_pair
+    try:
+        import pulp
+
+        lp = pulp.LpProblem("allocate", pulp.LpMinimize)
+        numbers = [pulp.LpVariable(f"n{i}", lowBound=0, upBound=count, cat=pulp.LpInteger) for i in range(len(configs))]
+        scale = max(c.seconds for c in configs) or 1.0
+        lp += pulp.lpSum(n * (c.seconds / scale) for n, c in zip(numbers, configs))
+        lp += pulp.lpSum(numbers) == count
+        lp += pulp.lpSum(n * c.nbytes for n, c in zip(numbers, configs)) <= room
+        del binary
+        result = run_mip(lp, backend=resolve_backend(backend), time_limit=5.0)
+    except Exception as error:  # only a refinement: the pair split stands
+        logger.debug("fast: allocation MIP failed (%s); using the best pair", error)
+        return best_pair
+    if result.status not in ("optimal", "feasible"):
+        return best_pair
+    chosen = [(c, int(round(result.values.get(f"n{i}", 0.0)))) for i, c in enumerate(configs)]
+    chosen = [(c, n) for c, n in chosen if n > 0]
+    if sum(n for _, n in chosen) != count or sum(c.nbytes * n for c, n in chosen) > room:
+        return best_pair
+    pair_cost = sum(c.seconds * n for c, n in best_pair) if best_pair else math.inf
+    return chosen if sum(c.seconds * n for c, n in chosen) <= pair_cost else best_pair
+
+
+def _best_pair(configs: list[_Config], count: int, room: int) -> list[tuple[_Config, int]] | None:
+    """The cheapest split giving ``m`` groups one configuration and the rest another."""
+    best: tuple[float, list[tuple[_Config, int]]] | None = None
     for upper in configs:
         for lower in configs:
             if lower.nbytes > upper.nbytes or count * lower.nbytes > room:
@@ -644,8 +690,8 @@ def _allocate(configs: list[_Config], count: int, room: int) -> tuple[_Config, _
             m = count if extra == 0 else min(count, (room - count * lower.nbytes) // extra)
             cost = m * upper.seconds + (count - m) * lower.seconds
             if best is None or cost < best[0]:
-                best = (cost, upper, lower, m)
-    return None if best is None else best[1:]
+                best = (cost, [(upper, m), (lower, count - m)])
+    return None if best is None else [(c, n) for c, n in best[1] if n > 0]
 
 
 # ----------------------------------------------------------------------------- the ILP polish
