@@ -252,7 +252,7 @@ def _make_value(
         )
         if aliases_input and node.op == "call_function":
             tags.add(TAG_VIEW)
-        storage = storages.index_of(val, available, _real_batch_norm_stat_bytes(node, val))
+        storage = storages.index_of(val, available, _real_norm_stat_bytes(node, val))
     else:
         storage = NO_STORAGE
         if node.op == "call_function" and _aliases_inputs(node, val):
@@ -286,28 +286,32 @@ def _make_value(
     )
 
 
-_BATCH_NORM_OPS = {
-    "native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
-    "_native_batch_norm_legit_no_training",
+# Norms whose CPU kernels return their saved statistics (outputs 1 and 2) in float32 for a
+# bf16/fp16 input with float32 parameters; the arguments that hold those parameters.
+_MIXED_STAT_NORMS = {
+    "native_batch_norm": slice(1, 5), "_native_batch_norm_legit": slice(1, 5),
+    "_native_batch_norm_legit_functional": slice(1, 5), "_native_batch_norm_legit_no_training": slice(1, 5),
+    "native_layer_norm": slice(2, 4), "native_group_norm": slice(1, 3),
 }
 
 
-def _real_batch_norm_stat_bytes(node: fx.Node, val: torch.Tensor) -> int | None:
-    """The true size of a CPU batch norm's saved mean or inverse std, where the fake tensor is wrong.
+def _real_norm_stat_bytes(node: fx.Node, val: torch.Tensor) -> int | None:
+    """The true size of a CPU norm's saved mean or inverse std, where the fake tensor is wrong.
 
     With a bf16/fp16 input and float32 weight, bias or running statistics (the usual case under
-    autocast), aten's CPU kernel returns these two in float32, while torch's decomposition (which
-    fake tensors use) casts them to the input's dtype. Without this, the plan under-counts them
-    and the measured saved bytes exceed the prediction. None: trust the fake tensor.
+    autocast), aten's CPU batch/layer/group norm kernels return these two in float32, while the
+    meta functions (which fake tensors use) give the input's dtype. Without this, the plan
+    under-counts them and the measured saved bytes exceed the prediction. None: trust the fake.
     """
     if node.target is not operator.getitem or node.args[1] not in (1, 2) or val.device.type != "cpu":
         return None
     norm = node.args[0]
     target = getattr(norm, "target", None)
-    if not isinstance(target, torch._ops.OpOverload) or target.overloadpacket.__name__ not in _BATCH_NORM_OPS:
+    if not isinstance(target, torch._ops.OpOverload) or target.overloadpacket.__name__ not in _MIXED_STAT_NORMS:
         return None
     source = norm.args[0].meta.get("val") if isinstance(norm.args[0], fx.Node) else None
-    params = [a.meta.get("val") for a in norm.args[1:5] if isinstance(a, fx.Node)]
+    param_args = norm.args[_MIXED_STAT_NORMS[target.overloadpacket.__name__]]
+    params = [a.meta.get("val") for a in param_args if isinstance(a, fx.Node)]
     mixed = (
         isinstance(source, torch.Tensor)
         and source.dtype in (torch.bfloat16, torch.float16)

@@ -25,6 +25,8 @@ from torch import fx
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten
 
+from .annotate import _concrete
+
 FORWARD, BACKWARD = "forward", "backward"
 
 
@@ -70,7 +72,7 @@ def _storages_of(node: fx.Node) -> list[tuple[StorageWeakRef, int]]:
     for tensor in _tensors(node.meta.get("val")):
         key = _storage(tensor)
         if key is not None:
-            found.append((key, int(tensor.untyped_storage().nbytes())))
+            found.append((key, _concrete(tensor.untyped_storage().nbytes())))
     return found
 
 
