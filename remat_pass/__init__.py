@@ -21,6 +21,7 @@ _EXPORTS = {
     "parse_budget": "remat_pass.budget",
     "saved_activation_bytes": "remat_pass.measure",
     "sweep": "remat_pass.tradeoff",
+    "plan": "remat_pass.planning",
     "Plan": "solvers.problem",
     "RematError": "remat_pass.errors",
     "InvalidBudgetError": "remat_pass.errors",
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
         SolverUnavailableError,
     )
     from .measure import saved_activation_bytes
+    from .planning import plan
     from .tradeoff import sweep
 
 

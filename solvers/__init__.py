@@ -5,6 +5,8 @@ chosen by name from ``SOLVERS``:
 
 * ``"ilp"``: exact (an integer program; see ``solvers.ilp``), honours the budget or raises;
 * ``"ilp_peak"``: the budget bounds the simulated peak of the step (``solvers.peak``);
+* ``"fast"``: Lagrangian min-cuts shared across identical blocks, then a short ILP; for deep
+  models, with an honest gap (``solvers.mincut``);
 * ``"keep_all"``, ``"recompute_all"``, ``"chen_sqrt"``, ``"per_block"``, ``"selective"``:
   the usual checkpointing heuristics; they record the budget but do not aim for it.
 
@@ -26,6 +28,7 @@ from .baselines import BASELINES
 from .errors import BudgetInfeasibleError, RematError, SolverError, SolverUnavailableError
 from .ilp import min_feasible_bytes, solve_ilp
 from .memory import PlanMemory, simulate_plan
+from .mincut import solve_fast
 from .peak import solve_peak
 from .problem import Plan, Problem, Value, closure_from_keep_set, format_bytes
 
@@ -36,7 +39,7 @@ class SolverFn(Protocol):
     def __call__(self, problem: Problem, budget_bytes: int | None = None, **options: object) -> Plan: ...
 
 
-SOLVERS: dict[str, SolverFn] = {"ilp": solve_ilp, "ilp_peak": solve_peak, **BASELINES}
+SOLVERS: dict[str, SolverFn] = {"ilp": solve_ilp, "ilp_peak": solve_peak, "fast": solve_fast, **BASELINES}
 
 
 def solve(problem: Problem, budget_bytes: int | None = None, solver: str = "ilp", **options: object) -> Plan:

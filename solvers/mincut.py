@@ -61,9 +61,10 @@ from .problem import Plan, Problem, Value, closure_from_keep_set
 logger = logging.getLogger("solvers")
 
 DEFAULT_TIME_LIMIT = 60.0
-DEFAULT_POLISH_TIME_LIMIT = 2.0
+DEFAULT_POLISH_TIME_LIMIT = 3.0
+DEFAULT_REFINE_TIME_LIMIT = 10.0
 # The ILP polish is skipped above this many relevant values (the model alone takes seconds to build).
-DEFAULT_POLISH_MAX_VALUES = 2500
+DEFAULT_POLISH_MAX_VALUES = 5000
 # Coupling values open at once in the dynamic program; more are fixed (see _Oracle).
 MAX_OPEN_COUPLINGS = 6
 _CLOSED_GAP = 1e-9
@@ -525,8 +526,6 @@ def _refine(oracle: _Oracle, kept: frozenset[int], budget: int, deadline: float,
     the global budget is split across identical blocks; it also finds plans between hull points
     that no multiplier produces (the trade-off is not convex).
     """
-    from .ilp import solve_ilp
-
     problem, split = oracle.problem, oracle.split
     current = oracle.point(0.0, (kept,), -math.inf)
     for _ in range(2):  # a second pass uses the slack the first one left
@@ -568,12 +567,10 @@ def _refine(oracle: _Oracle, kept: frozenset[int], budget: int, deadline: float,
                 above = min((b for b in solved if b >= share), default=None)
                 if below is not None and above is not None and solved[below].seconds == solved[above].seconds:
                     return solved[below]  # the optimum is monotone in the budget: same between equal ends
-                try:
-                    plan = solve_ilp(sub, share, time_limit=min(sub_time_limit, left), backend=backend,
-                                     threads=threads)
-                except (BudgetInfeasibleError, SolverError):
+                local_kept = _exact_keep(sub, share, min(sub_time_limit, left), backend, threads)
+                if local_kept is None:
                     return None
-                solved[share] = add(plan.kept)
+                solved[share] = add(local_kept)
                 return solved[share]
 
             count = len(bucket)
@@ -605,6 +602,42 @@ def _refine(oracle: _Oracle, kept: frozenset[int], budget: int, deadline: float,
         if not improved:
             break
     return current.kept
+
+
+def _exact_keep(problem: Problem, budget: int, time_limit: float, backend: str,
+                threads: int | None) -> frozenset[int] | None:
+    """The keep set of an optimal plan for a small problem (None: infeasible or not found in time).
+
+    The ILP model with exact bytes and the plain recompute-time objective, one backend run; the
+    caller evaluates what it returns, so neither a proof nor ``solve_ilp``'s extra runs are needed.
+    """
+    from ._mip import resolve_backend, run_mip
+    from ._model import build, plan_from, rounding_for
+
+    if budget >= problem.keep_all_bytes():
+        return frozenset(baselines.keep_all(problem).kept)
+    try:
+        model = build(problem, rounding_for(problem, exact=True), budget, _time_weights(problem)[0])
+        result = run_mip(model.lp, backend=resolve_backend(backend), time_limit=time_limit, threads=threads)
+        if result.status not in ("optimal", "feasible"):
+            return None
+        plan = plan_from(problem, model, result, solver="fast")
+    except SolverError:
+        return None
+    return plan.kept if plan.kept_bytes <= budget else None
+
+
+def _time_weights(problem: Problem):
+    """Objective weights that are recompute seconds over one unit (no tie-breaks), and that unit."""
+    from ._model import Weights, paid_storage_bytes
+
+    recomputable = effectively_recomputable(problem)
+    costs = {v: problem.values[v].recompute_seconds for v in relevant_values(problem) if recomputable[v]}
+    positive = [c for c in costs.values() if c > 0]
+    unit = max(min(positive), sum(positive) / 1e6) if positive else 1.0
+    weights = Weights(cost={v: c / unit for v, c in costs.items()},
+                      storage={s: 0.0 for s in paid_storage_bytes(problem)})
+    return weights, unit
 
 
 # Shares of a bucket's budget (relative to the even split) at which one group is solved exactly.
@@ -644,7 +677,7 @@ def _allocate(configs: list[_Config], count: int, room: int, backend: str) -> li
     A knapsack over a handful of configurations with multiplicities, solved exactly as a tiny
     integer program (the best two-configuration split when the backend fails).
     """
-    from ._mip import binary, resolve_backend, run_mip
+    from ._mip import resolve_backend, run_mip
 
     configs = [c for c in configs if c.nbytes * count <= room or c.nbytes <= room]
     if not configs:
@@ -659,12 +692,11 @@ def _allocate(configs: list[_Config], count: int, room: int, backend: str) -> li
         import pulp
 
         lp = pulp.LpProblem("allocate", pulp.LpMinimize)
-        numbers = [pulp.LpVariable(f"n{i}", lowBound=0, upBound=count, cat=pulp.LpInteger) for i in range(len(configs))]
+        numbers = [_integer(lp, f"n{i}", count) for i in range(len(configs))]
         scale = max(c.seconds for c in configs) or 1.0
         lp += pulp.lpSum(n * (c.seconds / scale) for n, c in zip(numbers, configs))
         lp += pulp.lpSum(numbers) == count
         lp += pulp.lpSum(n * c.nbytes for n, c in zip(numbers, configs)) <= room
-        del binary
         result = run_mip(lp, backend=resolve_backend(backend), time_limit=5.0)
     except Exception as error:  # only a refinement: the pair split stands
         logger.debug("fast: allocation MIP failed (%s); using the best pair", error)
@@ -677,6 +709,26 @@ def _allocate(configs: list[_Config], count: int, room: int, backend: str) -> li
         return best_pair
     pair_cost = sum(c.seconds * n for c, n in best_pair) if best_pair else math.inf
     return chosen if sum(c.seconds * n for c, n in chosen) <= pair_cost else best_pair
+
+
+def _stale_highs_solution(lp, engine: str, result) -> bool:
+    """Whether HiGHS's reported objective disagrees with the solution PuLP read back."""
+    if engine != "highs" or result.objective is None or result.status not in ("optimal", "feasible"):
+        return False
+    try:
+        reported = float(lp.solverModel.getInfo().objective_function_value)
+    except (AttributeError, TypeError, ValueError):
+        return False
+    return abs(reported - result.objective) > 1e-6 * max(1.0, abs(reported))
+
+
+def _integer(lp, name: str, upper: int):
+    """An integer variable in [0, upper] owned by ``lp`` (PuLP 4 style where available)."""
+    import pulp
+
+    if hasattr(lp, "add_variable"):
+        return lp.add_variable(name, 0, upper, cat=pulp.LpInteger)
+    return pulp.LpVariable(name, lowBound=0, upBound=upper, cat=pulp.LpInteger)
 
 
 def _best_pair(configs: list[_Config], count: int, room: int) -> list[tuple[_Config, int]] | None:
@@ -698,33 +750,37 @@ def _best_pair(configs: list[_Config], count: int, room: int) -> list[tuple[_Con
 
 
 def _polish(problem: Problem, budget: int, plan: Plan, time_limit: float, backend: str,
-            threads: int | None) -> tuple[Plan, float | None, bool]:
-    """Run the ILP from ``plan`` for at most ``time_limit``; (best plan, proven bound in seconds, proven)."""
+            threads: int | None) -> tuple[Plan, float | None]:
+    """Run the ILP (exact bytes) from ``plan`` for at most ``time_limit``; (best plan, proven bound in seconds)."""
     from ._mip import resolve_backend, run_mip
-    from ._model import Weights, build, fits, plan_from, rounding_for, start_values
+    from ._model import build, fits, plan_from, rounding_for, start_values
 
-    recomputable = effectively_recomputable(problem)
-    relevant = relevant_values(problem)
-    costs = {v: problem.values[v].recompute_seconds for v in relevant if recomputable[v]}
-    positive = [c for c in costs.values() if c > 0]
-    unit = max(min(positive), sum(positive) / 1e6) if positive else 1.0
-    rounding = rounding_for(problem)
-    # No tie-break terms: the objective is exactly recompute seconds / unit, so its bound converts back.
-    weights = Weights(cost={v: c / unit for v, c in costs.items()},
-                      storage={s: 0.0 for s in rounding.storage_bytes})
+    # Exact bytes (no coarser unit): a proof of this model is a proof for the real budget. No
+    # tie-break terms: the objective is recompute seconds over `unit`, so its bound converts back.
+    rounding = rounding_for(problem, exact=True)
+    weights, unit = _time_weights(problem)
+    engine = resolve_backend(backend)
+    began = time.perf_counter()
     model = build(problem, rounding, budget, weights)
     start = start_values(model, plan) if fits(rounding, plan, budget) else None
-    result = run_mip(model.lp, backend=resolve_backend(backend), time_limit=max(time_limit, 0.05),
-                     threads=threads, start=start)
+    result = run_mip(model.lp, backend=engine, time_limit=max(time_limit, 0.05), threads=threads, start=start)
+    if start is not None and _stale_highs_solution(model.lp, engine, result):
+        # HiGHS (1.16) hands back the MIP start as its solution when presolve alone solves the
+        # model, while its objective says otherwise; solve again without the start.
+        logger.debug("fast: HiGHS returned the MIP start unchanged; solving again without it")
+        model = build(problem, rounding, budget, weights)
+        left = time_limit - (time.perf_counter() - began)
+        result = run_mip(model.lp, backend=engine, time_limit=max(left, 0.05), threads=threads)
     best = plan
     if result.status in ("optimal", "feasible"):
         candidate = plan_from(problem, model, result, solver="fast", budget_bytes=budget)
         if candidate.kept_bytes <= budget and candidate.recompute_seconds < plan.recompute_seconds:
             best = candidate
-    bound = result.bound * unit * _DOWN if result.bound is not None and rounding.exact else None
-    proven = result.status == "optimal" and rounding.exact
+    # Only the bound counts as proof: the model's optimum can miss the real budget by a few bytes
+    # (integrality tolerance times large byte coefficients), and is then not taken.
+    bound = result.bound * unit * _DOWN if result.bound is not None else None
     logger.debug("fast: ILP polish %s in %.2fs (bound %s)", result.status, result.seconds, bound)
-    return best, bound, proven
+    return best, bound
 
 
 # ----------------------------------------------------------------------------- the planner
@@ -737,6 +793,7 @@ def solve_fast(
     time_limit: float = DEFAULT_TIME_LIMIT,
     blocks: bool = True,
     refine: bool = True,
+    refine_time_limit: float = DEFAULT_REFINE_TIME_LIMIT,
     polish: bool | None = None,
     polish_time_limit: float = DEFAULT_POLISH_TIME_LIMIT,
     polish_max_values: int = DEFAULT_POLISH_MAX_VALUES,
@@ -748,12 +805,15 @@ def solve_fast(
 
     Lagrangian min-cuts (shared across identical ``blocks``) give the hull of the trade-off and a
     proven lower bound; plans between the two hull points around the budget mix the blocks'
-    answers; then, unless the gap is within ``gap_target`` already, an ILP warm-started from the
+    answers. Then, unless the gap is within ``gap_target`` already: an ILP warm-started from the
     best plan runs for ``polish_time_limit`` seconds (``polish``: None = only for problems of at
-    most ``polish_max_values`` relevant values, True = always, False = never). ``time_limit``
-    bounds the whole call. The status is "optimal" only when the gap is closed (bound or ILP
-    proof); otherwise "feasible" with the gap to the best proven bound. Raises
-    BudgetInfeasibleError below the smallest feasible budget, like "ilp".
+    most ``polish_max_values`` relevant values, True = always, False = never), and if that did
+    not prove it, ``refine`` improves the plan one bucket of identical groups at a time (exact
+    sub-problems, the budget split across the bucket) for at most ``refine_time_limit`` seconds.
+    ``time_limit`` bounds the whole call (seconds). The status is "optimal" only when the gap is
+    closed (by the bound or an ILP proof); otherwise "feasible" with the gap to the best proven
+    lower bound. Raises BudgetInfeasibleError below the smallest feasible budget, like "ilp";
+    ``backend`` and ``threads`` go to the ILP runs.
     """
     began = time.perf_counter()
     deadline = began + time_limit
@@ -770,7 +830,12 @@ def solve_fast(
     positive = [c for c in costs if c > 0]
     low = search.at(min(positive) / (4 * max(keep_all, 1)) if positive else 1e-30)
     if low.nbytes <= budget_bytes:
-        return _finish(_plan_of(problem, low), "optimal", 0.0, began, budget_bytes)
+        # The least recompute time of all fits. Proven by the cost-only cut (multiplier 0), which
+        # bounds every budget, unless rounding hid a cost difference.
+        search.at(0.0)
+        gap = _gap(low.seconds, search.lower_bound)
+        status = "optimal" if gap <= _CLOSED_GAP else "feasible"
+        return _finish(_plan_of(problem, low), status, 0.0 if status == "optimal" else gap, began, budget_bytes)
     high = search.at(2 * (sum(costs) + (min(positive) if positive else 1.0)))
     if high.nbytes > budget_bytes:
         smallest = high.nbytes if oracle.exact else _exact_min_bytes(problem, deadline, backend, threads)
@@ -786,21 +851,26 @@ def solve_fast(
     candidates = [high, *_mixes(oracle, low, high, budget_bytes)]
     best = min((c for c in candidates if c.nbytes <= budget_bytes), key=lambda c: (c.seconds, c.nbytes))
     lower = search.lower_bound
-    relevant_count = len(oracle.relevant)
-    if refine and _gap(best.seconds, lower) > gap_target:
-        kept = _refine(oracle, best.kept, budget_bytes, deadline, max_values=polish_max_values, backend=backend,
-                       threads=threads)
-        best = oracle.point(0.0, (kept,), -math.inf)
     plan = _plan_of(problem, best)
     gap = _gap(plan.recompute_seconds, lower)
     proven = False
-    do_polish = polish if polish is not None else relevant_count <= polish_max_values
-    left = deadline - time.perf_counter()
-    if do_polish and gap > gap_target and left > 0.05:
-        plan, ilp_bound, proven = _polish(problem, budget_bytes, plan, min(polish_time_limit, left), backend, threads)
-        if ilp_bound is not None:
-            lower = max(lower, ilp_bound)
-        gap = 0.0 if proven else _gap(plan.recompute_seconds, lower)
+    # Small problems: the whole ILP from the best plan is quick and may prove it. Deep ones: refine
+    # bucket by bucket (small exact sub-problems with the budget split across identical blocks).
+    if polish if polish is not None else len(oracle.relevant) <= polish_max_values:
+        left = deadline - time.perf_counter()
+        if gap > gap_target and left > 0.05:
+            plan, ilp_bound = _polish(problem, budget_bytes, plan, min(polish_time_limit, left), backend, threads)
+            if ilp_bound is not None:
+                lower = max(lower, ilp_bound)
+            gap = _gap(plan.recompute_seconds, lower)
+            proven = gap <= _CLOSED_GAP
+    if refine and not proven and gap > gap_target and deadline - time.perf_counter() > 0.05:
+        kept = _refine(oracle, plan.kept, budget_bytes, min(deadline, time.perf_counter() + refine_time_limit),
+                       max_values=polish_max_values, backend=backend, threads=threads)
+        refined = oracle.point(0.0, (kept,), -math.inf)
+        if refined.seconds < plan.recompute_seconds:
+            plan = _plan_of(problem, refined)
+            gap = _gap(plan.recompute_seconds, lower)
     status = "optimal" if proven or gap <= _CLOSED_GAP else "feasible"
     logger.info("fast: %d groups, %d classes, %d cuts, %d hull points; budget %d B, kept %d B, recompute %.6g s, "
                 "%s, gap %.3g, %.3fs", len(oracle.split.groups), len(oracle.split.classes), oracle.cuts,
@@ -844,6 +914,7 @@ class HullPoint:
     kept_bytes: int
     recompute_seconds: float
     multiplier: float
+    recompute_flops: int = 0
 
 
 def tradeoff_hull(problem: Problem, *, blocks: bool = True, time_limit: float = DEFAULT_TIME_LIMIT) -> list[HullPoint]:
@@ -875,12 +946,19 @@ def tradeoff_hull(problem: Problem, *, blocks: bool = True, time_limit: float = 
             continue
         found.setdefault((point.nbytes, point.seconds), point)
         stack += [(left, point), (point, right)]
+    cheapest: dict[int, _Point] = {}  # per byte count, the least time (a min-bytes cut need not be it)
+    for point in found.values():
+        if point.nbytes not in cheapest or point.seconds < cheapest[point.nbytes].seconds:
+            cheapest[point.nbytes] = point
     hull: list[_Point] = []
-    for point in sorted(found.values(), key=lambda p: (p.nbytes, p.seconds)):  # the lower hull, bytes ascending
+    for point in sorted(cheapest.values(), key=lambda p: p.nbytes):  # the lower hull, bytes ascending
         while len(hull) >= 2 and _turn(hull[-2], hull[-1], point) <= 0:
             hull.pop()
+        if hull and point.seconds >= hull[-1].seconds:
+            continue  # more bytes for no less time: not on the trade-off
         hull.append(point)
-    return [HullPoint(p.nbytes, p.seconds, p.lam) for p in reversed(hull)]
+    values = problem.values
+    return [HullPoint(p.nbytes, p.seconds, p.lam, sum(values[i].flops for i in p.recomputed)) for p in reversed(hull)]
 
 
 def _turn(o: _Point, a: _Point, b: _Point) -> float:
