@@ -361,7 +361,8 @@ def _op_tags(node: fx.Node) -> Iterable[str]:
     target = node.target
     if not isinstance(target, torch._ops.OpOverload):
         return
-    if torch.Tag.nondeterministic_seeded in target.tags:
+    if torch.Tag.nondeterministic_seeded in target.tags and _argument(node, "dropout_p", 1.0) != 0:
+        # Attention kernels carry the tag for their optional dropout; with p = 0 they draw nothing.
         yield TAG_RANDOM
     if target._schema.is_mutable or _is_impure(node) or target.overloadpacket.__name__.endswith("_functional"):
         # A functionalized mutating op (BatchNorm with running statistics) reads state the step
@@ -373,6 +374,19 @@ def _op_tags(node: fx.Node) -> Iterable[str]:
     if "scaled_dot_product" in target.overloadpacket.__name__:
         yield TAG_MATMUL
         yield TAG_ATTENTION_CORE
+
+
+def _argument(node: fx.Node, name: str, missing: Any) -> Any:
+    """The value of the op's argument called ``name`` (positional, keyword or default)."""
+    schema = node.target._schema  # type: ignore[union-attr]
+    for index, argument in enumerate(schema.arguments):
+        if argument.name == name:
+            if index < len(node.args):
+                return node.args[index]
+            if name in node.kwargs:
+                return node.kwargs[name]
+            return argument.default_value if argument.has_default_value() else missing
+    return missing
 
 
 def _is_impure(node: fx.Node) -> bool:

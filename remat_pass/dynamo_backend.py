@@ -104,9 +104,10 @@ def _plan_problem(problem: solvers.Problem, options: PlanOptions) -> Plan:
     kind = resolve_budget_kind(options.budget, options.budget_kind)
     extra = dict(options.solver_options)
     solver = options.solver
-    if solver == "ilp" and kind == "peak":
+    if solver in ("ilp", "fast") and kind == "peak":
+        extra["cap_solver"] = solver  # the peak search solves saved-bytes caps with this solver
         solver = "ilp_peak"
-    if solver in ("ilp", "ilp_peak"):
+    if solver in ("ilp", "ilp_peak", "fast"):
         extra.setdefault("time_limit", options.time_limit)
     if kind == "peak":
         keep_all_peak = solvers.simulate_plan(problem, solvers.solve(problem, None, solver="keep_all")).peak_bytes

@@ -149,8 +149,13 @@ def solve_peak(
     backend: str = "auto",
     rounds: int = DEFAULT_ROUNDS,
     threads: int | None = None,
+    cap_solver: str = "ilp",
 ) -> Plan:
     """The least recompute time whose simulated activation peak is at most ``budget_bytes``.
+
+    ``cap_solver`` solves each saved-bytes cap: "ilp" (exact), or "fast" for deep models (the
+    Lagrangian min-cut solver of ``solvers.mincut``; the peak-row rounds are then skipped,
+    since they extend the ILP's model).
 
     Two phases, both "solve, simulate, adjust": first a search over the saved-bytes cap (the
     peak is roughly the saved bytes plus a working set, so a secant step lands close), then a
@@ -162,10 +167,12 @@ def solve_peak(
     keep_all_memory = simulate_plan(problem, keep_all)
     if budget_bytes is None or keep_all_memory.peak_bytes <= budget_bytes:
         return _finish(keep_all, keep_all_memory, "optimal", 0.0, began, budget_bytes)
-    search = _Search(problem, budget_bytes, resolve_backend(backend), began + time_limit, threads)
+    if cap_solver not in ("ilp", "fast"):
+        raise ValueError(f"cap_solver must be 'ilp' or 'fast', got {cap_solver!r}")
+    search = _Search(problem, budget_bytes, resolve_backend(backend), began + time_limit, threads, cap_solver)
     search.candidates += [_Candidate(p, simulate_plan(problem, p)) for p in baselines.heuristic_plans(problem)]
     search.over_saved_cap(keep_all_memory)
-    if search.overshooting_cap is not None:
+    if search.overshooting_cap is not None and cap_solver == "ilp":
         search.with_peak_rows(search.overshooting_cap, rounds)
     fitting = [c for c in search.candidates if c.memory.peak_bytes <= budget_bytes]
     if not fitting:
@@ -184,8 +191,10 @@ def solve_peak(
 class _Search:
     """Plans tried so far, and the two ways of finding more."""
 
-    def __init__(self, problem: Problem, budget: int, backend: str, deadline: float, threads: int | None) -> None:
+    def __init__(self, problem: Problem, budget: int, backend: str, deadline: float, threads: int | None,
+                 cap_solver: str = "ilp") -> None:
         self.problem, self.budget, self.backend, self.deadline, self.threads = problem, budget, backend, deadline, threads
+        self.cap_solver = cap_solver
         self.candidates: list[_Candidate] = []
         self.overshooting_cap: int | None = None
         self.proven: _Candidate | None = None
@@ -196,10 +205,14 @@ class _Search:
 
     def _try_cap(self, cap: int, time_limit: float | None = None) -> _Candidate | None:
         from .ilp import solve_ilp
+        from .mincut import solve_fast
 
         seconds = max(self._left(), 0.1) if time_limit is None else time_limit
         try:
-            plan = solve_ilp(self.problem, cap, time_limit=seconds, backend=self.backend, threads=self.threads)
+            if self.cap_solver == "fast":
+                plan = solve_fast(self.problem, cap, time_limit=seconds, backend=self.backend)
+            else:
+                plan = solve_ilp(self.problem, cap, time_limit=seconds, backend=self.backend, threads=self.threads)
         except BudgetInfeasibleError as error:
             self.floor = max(self.floor, error.min_bytes)
             return None
@@ -213,8 +226,8 @@ class _Search:
         """Plans at fixed saved-bytes caps (and the baselines): the same for every budget."""
         keep_all_bytes = self.problem.keep_all_bytes()
         found = [_Candidate(p, simulate_plan(self.problem, p)) for p in baselines.heuristic_plans(self.problem)]
-        for fraction in fractions:
-            candidate = self._try_cap(max(int(fraction * keep_all_bytes), 1), time_limit=PROBE_TIME_LIMIT)
+        for share in fractions:
+            candidate = self._try_cap(max(int(share * keep_all_bytes), 1), time_limit=PROBE_TIME_LIMIT)
             if candidate is not None:
                 found.append(candidate)
         if self.floor > 0:  # the least-bytes plan itself

@@ -1,0 +1,349 @@
+"""How planning time grows with depth, and a Llama-2-70B-shaped step planned on this machine.
+
+Run from the repository root::
+
+    python -m benchmarks.scaling --layers 12,24,48,96 --budgets 0.1,0.3,0.5 --ilp-time-limit 600
+    python -m benchmarks.scaling --llama70b
+    python -m benchmarks.scaling --help
+
+Depth sweep: GPT-style decoders (``remat_pass.examples.GPT``: hidden 768, 12 heads, sequence 1024,
+dropout 0.1, batch 1, LM loss) built on the meta device and traced as fake tensors (nothing is
+allocated), then planned with the "fast" solver and with the exact "ilp" under a time limit.
+Capture, annotate and each solve are timed separately. ``--llama70b``: a Hugging Face
+``LlamaForCausalLM`` with Llama-2-70B's shapes (80 layers, hidden 8192, 64 heads, 8 KV heads,
+intermediate 28672, vocab 32000, sequence 4096, batch 1, bf16) on the meta device, planned whole;
+wall time and peak RSS, the per-layer decisions, what the un-rematerialized step keeps per layer
+next to Korthikanti et al. 2022's formula, and the memory/recompute trade-off curve.
+
+Results go to ``--out`` (default ``benchmarks/out/scaling``): ``scaling.json`` and ``scaling.md``,
+``llama70b.json`` and ``llama70b.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+import solvers
+from solvers.mincut import tradeoff_hull
+from solvers.problem import Plan, Problem, format_bytes
+
+DEFAULT_OUT = Path("benchmarks/out/scaling")
+
+
+class _LMStep(nn.Module):
+    """Model plus next-token loss: the traced step includes the loss."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        logits = self.model(tokens)
+        return F.cross_entropy(logits.flatten(0, 1).float(), tokens.flatten())
+
+
+def trace_timed(step: nn.Module, inputs: tuple[Any, ...], device: str) -> tuple[Problem, float, float, int]:
+    """Capture and annotate on fake tensors; (problem, capture seconds, annotate seconds, graph pieces)."""
+    from remat_pass.annotate import annotate
+    from remat_pass.capture import capture
+    from remat_pass.explain import _merge
+    from remat_pass.planning import traceable
+
+    torch._dynamo.reset()
+    began = time.perf_counter()
+    with traceable(step, inputs) as fake_inputs:
+        graphs = capture(step, fake_inputs)
+    captured = time.perf_counter()
+    problem = _merge([annotate(joint, device).problem for joint in graphs])
+    annotated = time.perf_counter()
+    torch._dynamo.reset()
+    return problem, captured - began, annotated - captured, len(graphs)
+
+
+def gpt_problem(args: argparse.Namespace, layers: int) -> tuple[Problem, float, float, int]:
+    from remat_pass.examples import GPT, GPTConfig
+
+    config = GPTConfig(vocab_size=args.vocab, seq_len=args.seq, layers=layers, hidden=args.hidden, heads=args.heads,
+                       dropout=args.dropout)
+    with torch.device("meta"):
+        model = GPT(config)
+    tokens = torch.zeros(args.batch, args.seq, dtype=torch.long, device="meta")
+    return trace_timed(_LMStep(model), (tokens,), args.device)
+
+
+def _solve(problem: Problem, budget: int, solver: str, **options: Any) -> dict[str, Any]:
+    began = time.perf_counter()
+    try:
+        plan = solvers.solve(problem, budget, solver=solver, **options)
+    except solvers.BudgetInfeasibleError as error:
+        return {"status": "infeasible", "seconds": time.perf_counter() - began, "min_bytes": error.min_bytes}
+    except solvers.SolverError as error:
+        return {"status": "no plan", "seconds": time.perf_counter() - began, "error": str(error)[:200]}
+    return {"status": plan.status, "gap": plan.gap, "seconds": time.perf_counter() - began,
+            "recompute_seconds": plan.recompute_seconds, "recompute_flops": plan.recompute_flops,
+            "kept_bytes": plan.kept_bytes}
+
+
+def run_scaling(args: argparse.Namespace) -> list[dict[str, Any]]:
+    rows = []
+    for layers in args.layers:
+        problem, capture_s, annotate_s, pieces = gpt_problem(args, layers)
+        keep_all = problem.keep_all_bytes()
+        print(f"L={layers}: {len(problem.values)} values, keep-all {format_bytes(keep_all)}, capture {capture_s:.1f}s, "
+              f"annotate {annotate_s:.2f}s", flush=True)
+        for fraction in args.budgets:
+            budget = int(fraction * keep_all)
+            fast = _solve(problem, budget, "fast", time_limit=args.fast_time_limit)
+            exact = _solve(problem, budget, "ilp", time_limit=args.ilp_time_limit) if args.ilp_time_limit > 0 else {}
+            row = {"layers": layers, "values": len(problem.values), "pieces": pieces, "keep_all_bytes": keep_all,
+                   "budget_fraction": fraction, "budget_bytes": budget, "capture_s": capture_s,
+                   "annotate_s": annotate_s, "fast": fast, "ilp": exact}
+            if args.ablate_blocks:  # the bare hull + block mixing, with and without shared blocks
+                bare = {"polish": False, "refine": False, "time_limit": args.fast_time_limit}
+                row["hull_only"] = _solve(problem, budget, "fast", **bare)
+                row["hull_only_no_blocks"] = _solve(problem, budget, "fast", blocks=False, **bare)
+            if exact.get("status") == "optimal" and "recompute_seconds" in fast:
+                optimum = exact["recompute_seconds"]
+                versus = (fast["recompute_seconds"] - optimum) / optimum if optimum > 0 else 0.0
+                row["fast_vs_ilp"] = 0.0 if abs(versus) < 1e-9 else versus
+            rows.append(row)
+            print(f"  budget {fraction:g}: fast {fast['seconds']:.2f}s {fast['status']} gap {fast.get('gap')}; "
+                  f"ilp {exact.get('seconds', float('nan')):.2f}s {exact.get('status')}; "
+                  f"fast vs ilp {row.get('fast_vs_ilp')}", flush=True)
+    return rows
+
+
+def scaling_markdown(rows: list[dict[str, Any]], command: str) -> str:
+    lines = [
+        f"`{command}`", "",
+        "| layers | values | keep-all | budget | capture s | annotate s | fast s | fast status (gap) | ilp s "
+        "| ilp status | fast vs ilp objective |",
+        "|---:|---:|---:|---:|---:|---:|---:|---|---:|---|---:|",
+    ]
+    for row in rows:
+        fast, exact = row["fast"], row["ilp"]
+        gap = fast.get("gap")
+        versus = row.get("fast_vs_ilp")
+        lines.append(
+            f"| {row['layers']} | {row['values']} | {format_bytes(row['keep_all_bytes'])} | {row['budget_fraction']:g} "
+            f"| {row['capture_s']:.1f} | {row['annotate_s']:.2f} | {fast['seconds']:.2f} "
+            f"| {fast['status']}{'' if gap is None else f' ({gap:.2%})'} "
+            f"| {exact.get('seconds', float('nan')):.1f} | {exact.get('status', 'not run')} "
+            f"| {'n/a' if versus is None else f'{versus:+.3%}'} |")
+    if any("hull_only" in row for row in rows):
+        lines += ["", "Without the ILP polish and the refinement (hull + block mixing only), with and without shared blocks:",
+                  "", "| layers | budget | blocks: s | gap | one group: s | gap |", "|---:|---:|---:|---:|---:|---:|"]
+        for row in rows:
+            if "hull_only" in row:
+                a, b = row["hull_only"], row["hull_only_no_blocks"]
+                lines.append(f"| {row['layers']} | {row['budget_fraction']:g} | {a['seconds']:.2f} | {a.get('gap', 0):.3%} "
+                             f"| {b['seconds']:.2f} | {b.get('gap', 0):.3%} |")
+    return "\n".join(lines) + "\n"
+
+
+# --- Llama-2-70B ------------------------------------------------------------------------------
+
+
+class _HFStep(nn.Module):
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids, labels=ids, use_cache=False).loss
+
+
+def llama_model(layers: int, args: argparse.Namespace) -> nn.Module:
+    try:
+        from transformers import LlamaConfig, LlamaForCausalLM
+    except ImportError as error:
+        raise SystemExit("--llama70b needs Hugging Face transformers: pip install transformers") from error
+    config = LlamaConfig(vocab_size=32000, hidden_size=8192, intermediate_size=28672, num_hidden_layers=layers,
+                         num_attention_heads=64, num_key_value_heads=8, max_position_embeddings=args.llama_seq,
+                         use_cache=False, attn_implementation="sdpa")
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+    return model.train()
+
+
+def _layer_rows(plan: Plan, layer: int) -> dict[str, int]:
+    """What keep-all saves inside one layer, by op (each storage once, named by the op that made it)."""
+    problem = plan.problem
+    keep_all = solvers.solve(problem, None, solver="keep_all")
+    maker: dict[int, Any] = {}
+    for value in problem.values:
+        if not value.available:
+            maker.setdefault(value.storage, value)
+    prefix = f"model.model.layers.{layer}"
+    by_op: dict[str, int] = defaultdict(int)
+    for storage in {problem.values[i].storage for i in keep_all.kept}:
+        base = maker[storage]
+        if base.module == prefix or base.module.startswith(prefix + "."):
+            where = base.module[len(prefix):].lstrip(".") or "layer"
+            by_op[f"{base.op} in {where}"] += problem.storage_bytes[storage]
+    return dict(sorted(by_op.items(), key=lambda item: -item[1]))
+
+
+def run_llama70b(args: argparse.Namespace) -> dict[str, Any]:
+    from remat_pass.estimate import Policy, Workload, layer_activation_bytes
+    from remat_pass.planning import block_depth, plan_with_report
+
+    began = time.perf_counter()
+    model = llama_model(args.llama_layers, args)
+    ids = torch.zeros(1, args.llama_seq, dtype=torch.long, device="meta")
+    built = time.perf_counter()
+    made = plan_with_report(_HFStep(model), (ids,), budget=args.llama_budget, device=args.device, solver="fast")
+    planned = time.perf_counter()
+    plan, problem = made.plan, made.plan.problem
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(made.render(limit=12), flush=True)
+    depth = block_depth(problem)
+    layer_rows = [r for r in plan.per_module(depth) if ".layers." in r.module]
+    per_layer_keep_all = sorted(r.keep_all_bytes for r in layer_rows)[len(layer_rows) // 2] if layer_rows else 0
+    workload = dict(layers=args.llama_layers, hidden=8192, heads=64, seq=args.llama_seq, batch=1, ffn_hidden=28672,
+                    dtype="bf16")
+    formula = {
+        "none": layer_activation_bytes(Workload(**workload), Policy.NONE),
+        "none_flash": layer_activation_bytes(Workload(**workload, flash_attention=True), Policy.NONE),
+        "full": layer_activation_bytes(Workload(**workload), Policy.FULL),
+    }
+    # The trade-off curve at this width, and named points on it.
+    hull_began = time.perf_counter()
+    hull = tradeoff_hull(problem, time_limit=args.fast_time_limit)
+    hull_s = time.perf_counter() - hull_began
+    keep_all = problem.keep_all_bytes()
+    points = {}
+    for name, fraction in (("5x cut", 0.2), ("2x cut", 0.5), ("3x cut", 1 / 3), ("10x cut", 0.1)):
+        points[name] = _solve(problem, int(fraction * keep_all), "fast", time_limit=args.fast_time_limit)
+    for name in ("per_block", "selective", "recompute_all"):
+        baseline = solvers.solve(problem, None, solver=name)
+        points[name] = {"kept_bytes": baseline.kept_bytes, "recompute_seconds": baseline.recompute_seconds,
+                        "recompute_flops": baseline.recompute_flops}
+    result = {
+        "layers": args.llama_layers, "seq": args.llama_seq, "values": len(problem.values), "pieces": made.pieces,
+        "build_s": built - began, "trace_and_plan_s": planned - built, "solve_s": plan.solve_seconds,
+        "max_rss_bytes": rss, "keep_all_bytes": keep_all, "budget_fraction": args.llama_budget,
+        "plan": {"status": plan.status, "gap": plan.gap, "kept_bytes": plan.kept_bytes,
+                 "predicted_peak_bytes": plan.predicted_peak_bytes, "recompute_seconds": plan.recompute_seconds,
+                 "recompute_flops": plan.recompute_flops},
+        "step_flops": made.step_flops, "forward_seconds": made.forward_seconds,
+        "per_layer_keep_all_bytes": per_layer_keep_all, "korthikanti_per_layer_bytes": formula,
+        "keep_all_layer_breakdown": _layer_rows(plan, args.llama_layers // 2),
+        "per_layer": [{"module": r.module, "policy": r.policy, "kept_bytes": r.kept_bytes,
+                       "recompute_seconds": r.recompute_seconds} for r in layer_rows],
+        "hull_s": hull_s,
+        "hull": [{"kept_bytes": p.kept_bytes, "recompute_seconds": p.recompute_seconds,
+                  "recompute_flops": p.recompute_flops} for p in hull],
+        "points": points,
+        "report": made.render(limit=100),
+    }
+    print(f"built in {result['build_s']:.1f}s, traced and planned in {result['trace_and_plan_s']:.1f}s "
+          f"(solve {plan.solve_seconds:.2f}s), peak RSS {format_bytes(rss)}", flush=True)
+    return result
+
+
+def llama_markdown(result: dict[str, Any], command: str) -> str:
+    step = result["step_flops"]
+    keep_all = result["keep_all_bytes"]
+    lines = [f"`{command}`", "",
+             f"- {result['layers']} layers, sequence {result['seq']}: {result['values']} forward values in "
+             f"{result['pieces']} graph(s); built {result['build_s']:.1f}s, traced + planned "
+             f"{result['trace_and_plan_s']:.1f}s (solve {result['solve_s']:.2f}s); peak RSS "
+             f"{format_bytes(result['max_rss_bytes'])}",
+             f"- keep-all {format_bytes(keep_all)}; per layer {format_bytes(result['per_layer_keep_all_bytes'])}; "
+             f"Korthikanti none {format_bytes(result['korthikanti_per_layer_bytes']['none'])}, none with "
+             f"FlashAttention {format_bytes(result['korthikanti_per_layer_bytes']['none_flash'])}, full "
+             f"{format_bytes(result['korthikanti_per_layer_bytes']['full'])}", "",
+             "| keep-all of one layer, by op | bytes |", "|---|---:|"]
+    lines += [f"| {op} | {format_bytes(nbytes)} |" for op, nbytes in result["keep_all_layer_breakdown"].items()]
+    lines += ["", "| point | kept | of keep-all | recompute (h100 roofline) | recompute FLOPs | of step FLOPs |",
+              "|---|---:|---:|---:|---:|---:|"]
+    for name, point in result["points"].items():
+        if "kept_bytes" not in point:
+            lines.append(f"| {name} | {point['status']} | | | | |")
+            continue
+        lines.append(f"| {name} | {format_bytes(point['kept_bytes'])} | {point['kept_bytes'] / keep_all:.1%} "
+                     f"| {point['recompute_seconds'] * 1e3:.1f} ms | {point['recompute_flops'] / 1e12:.1f} T "
+                     f"| {point['recompute_flops'] / step:.1%} |")
+    lines += ["", f"Hull ({len(result['hull'])} vertices in {result['hull_s']:.1f}s; vertices within 0.1% of keep-all "
+                  "of the previous row are not shown):", "",
+              "| kept | of keep-all | recompute | recompute FLOPs of step |", "|---:|---:|---:|---:|"]
+    shown = None
+    for point in result["hull"]:
+        if shown is not None and shown - point["kept_bytes"] < keep_all / 1000 and point is not result["hull"][-1]:
+            continue
+        shown = point["kept_bytes"]
+        lines.append(f"| {format_bytes(point['kept_bytes'])} | {point['kept_bytes'] / keep_all:.1%} "
+                     f"| {point['recompute_seconds'] * 1e3:.1f} ms | {point['recompute_flops'] / step:.2%} |")
+    lines += ["", "```", result["report"], "```"]
+    return "\n".join(lines) + "\n"
+
+
+# --- entry point ------------------------------------------------------------------------------
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.scaling", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--layers", type=_ints, default=[12, 24, 48, 96], help="GPT depths (default 12,24,48,96)")
+    p.add_argument("--budgets", type=_floats, default=[0.1, 0.3, 0.5], help="fractions of keep-all (default 0.1,0.3,0.5)")
+    p.add_argument("--hidden", type=int, default=768)
+    p.add_argument("--heads", type=int, default=12)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--vocab", type=int, default=1024)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--device", default="h100", help="cost model (cpu, a100, h100, h200)")
+    p.add_argument("--fast-time-limit", type=float, default=60.0)
+    p.add_argument("--ilp-time-limit", type=float, default=600.0, help="0 skips the exact ILP")
+    p.add_argument("--ablate-blocks", action="store_true",
+                   help="also solve without ILP polish and refinement, with and without shared blocks")
+    p.add_argument("--llama70b", action="store_true", help="plan the Llama-2-70B-shaped step instead of the sweep")
+    p.add_argument("--llama-layers", type=int, default=80)
+    p.add_argument("--llama-seq", type=int, default=4096)
+    p.add_argument("--llama-budget", type=float, default=0.2, help="fraction of keep-all (default 0.2: a 5x cut)")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    command = "python -m benchmarks.scaling " + " ".join(sys.argv[1:] if argv is None else argv)
+    meta = {"command": command, "torch": torch.__version__, "python": platform.python_version(),
+            "machine": platform.machine(), "threads": torch.get_num_threads()}
+    if args.llama70b:
+        result = run_llama70b(args)
+        (args.out / "llama70b.json").write_text(json.dumps({**meta, **result}, indent=2))
+        (args.out / "llama70b.md").write_text(llama_markdown(result, command))
+        print(f"wrote {args.out / 'llama70b.md'}")
+        return
+    rows = run_scaling(args)
+    (args.out / "scaling.json").write_text(json.dumps({**meta, "rows": rows}, indent=2))
+    (args.out / "scaling.md").write_text(scaling_markdown(rows, command))
+    print(scaling_markdown(rows, command))
+    print(f"wrote {args.out / 'scaling.md'}")
+
+
+if __name__ == "__main__":
+    main()
