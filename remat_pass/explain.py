@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 from torch import nn
 
-import solvers
 from solvers.problem import ModuleRow, Plan, Problem, format_bytes
 
 from .annotate import META_KEY, AnnotatedGraph, annotate

@@ -117,15 +117,9 @@ def plan_with_report(
         # even when the model's forward is itself wrapped (Hugging Face decorators).
         traced = trace_step(model, inputs, loss_fn=loss_fn or _output, device=device)
     options = PlanOptions(parsed, solver, device, time_limit, budget_kind, dict(solver_options))
-    made = plan_traced(traced.problem, options)
+    made = plan_problem(traced.problem, options)
     forward = sum(v.recompute_seconds for v in traced.problem.values if not v.available)
     return PlanReport(made, traced.step_flops, forward, traced.pieces)
-
-
-def plan_traced(problem: Problem, options: PlanOptions) -> Plan:
-    """Solve a traced problem with ``dynamo_backend.plan_problem`` (which routes a peak budget to
-    the peak search, solving its saved-bytes caps with the chosen solver)."""
-    return plan_problem(problem, options)
 
 
 def _output(output: Any, *_inputs: Any) -> Any:
@@ -249,4 +243,4 @@ def report(plan: Plan, *, depth: int | None = None, step_flops: int | None = Non
     return "\n".join(lines)
 
 
-__all__ = ["PlanReport", "block_depth", "plan", "plan_traced", "plan_with_report", "report", "traceable"]
+__all__ = ["PlanReport", "block_depth", "plan", "plan_with_report", "report", "traceable"]
