@@ -154,3 +154,12 @@ def test_profiler_flops_see_compiled_recompute(tmp_path, restore_threads):
     # Budget 0 saves only the graph inputs: every forward matmul is recomputed in backward.
     assert by_name["compile_budget:dp@0.0"]["flops"] > by_name["none"]["flops"]
     assert by_name["compile_budget:dp@0.0"]["held_bytes"] < by_name["compile_mincut"]["held_bytes"]
+
+
+def test_memory_timeline_plot(tmp_path):
+    from benchmarks.models import ModelSpec
+    from benchmarks.timeline import draw
+
+    spec = ModelSpec("gpt", layers=1, hidden=32, heads=2, seq=16, batch=2, dropout=0.1, vocab=64)
+    path = draw("gpt", 0.5, "saved", tmp_path, spec=spec)
+    assert path.read_bytes().startswith(b"\x89PNG") and path.stat().st_size > 1000
