@@ -15,12 +15,13 @@ from __future__ import annotations
 import inspect
 import logging
 
+import torch
 from torch import fx
 from torch._functorch import partitioners
 
 from solvers.problem import Plan
 
-from .annotate import AnnotatedGraph, dropout_replay_sources
+from .annotate import AnnotatedGraph, _is_symbolic, dropout_replay_sources
 from .errors import RematError
 
 logger = logging.getLogger(__name__)
@@ -63,8 +64,6 @@ def _replay_dropouts(graph: fx.Graph, nodes: list[fx.Node], plan: Plan) -> set[s
     in forward and in backward, reads the rebuilt product instead, so backward can redo it
     from the kept mask without drawing random numbers. Returns the new nodes' names.
     """
-    import torch
-
     names: set[str] = set()
     for i in sorted(plan.recomputed):
         output = nodes[i]
@@ -101,17 +100,11 @@ def _saved_nodes(annotated: AnnotatedGraph, plan: Plan, nodes: list[fx.Node]) ->
     tensors, symbols = [], []
     for i in sorted(needed - plan.recomputed):
         node = nodes[i]
-        if _is_symbol(node):
+        if _is_symbolic(node.meta.get("val")):
             symbols.append(node)
         elif i in plan.kept or node.op == "placeholder":
             tensors.append(node)  # constants (get_attr) are not passed: extraction copies them
     return tensors, symbols
-
-
-def _is_symbol(node: fx.Node) -> bool:
-    import torch
-
-    return isinstance(node.meta.get("val"), (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool))
 
 
 def _extract(
