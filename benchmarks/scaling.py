@@ -35,9 +35,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-import solvers
-from solvers.mincut import tradeoff_hull
-from solvers.problem import Plan, Problem, format_bytes
+from remat_pass import solvers
+from remat_pass.solvers.mincut import tradeoff_hull
+from remat_pass.solvers.problem import Plan, Problem, format_bytes
 
 DEFAULT_OUT = Path("benchmarks/out/scaling")
 

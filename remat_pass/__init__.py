@@ -22,7 +22,7 @@ _EXPORTS = {
     "saved_activation_bytes": "remat_pass.measure",
     "sweep": "remat_pass.tradeoff",
     "plan": "remat_pass.planning",
-    "Plan": "solvers.problem",
+    "Plan": "remat_pass.solvers.problem",
     "RematError": "remat_pass.errors",
     "InvalidBudgetError": "remat_pass.errors",
     "BudgetInfeasibleError": "remat_pass.errors",
@@ -34,7 +34,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
-    from solvers.problem import Plan
+    from remat_pass.solvers.problem import Plan
 
     from .api import RematModule, optimize
     from .dynamo_backend import DEFAULT_BUDGET, backend

@@ -24,7 +24,7 @@ from torch import fx
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten, tree_map
 
-from solvers.problem import (
+from remat_pass.solvers.problem import (
     TAG_ATTENTION_CORE,
     BackwardStep,
     TAG_DROPOUT_REPLAY,

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from solvers.problem import Plan
+from remat_pass.solvers.problem import Plan
 
 from .dynamo_backend import DEFAULT_BUDGET, RematBackend
 from .capture import capture_failure

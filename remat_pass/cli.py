@@ -188,7 +188,7 @@ def _run_explain(args: argparse.Namespace) -> int:
     import logging
     from pathlib import Path
 
-    import solvers
+    from remat_pass import solvers
     from remat_pass.budget import parse_budget
     from remat_pass.costs import get_profile
     from remat_pass.errors import BudgetInfeasibleError, InvalidBudgetError, RematError

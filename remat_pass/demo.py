@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from solvers.problem import Plan, format_bytes
+from remat_pass.solvers.problem import Plan, format_bytes
 
 from .api import optimize
 from .examples import GPTConfig, gpt_example, lm_loss

@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 from torch import fx
 
-import solvers
-from solvers.problem import Plan
+from remat_pass import solvers
+from remat_pass.solvers.problem import Plan
 
 from .annotate import annotate
 from .budget import Budget, parse_budget

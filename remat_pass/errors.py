@@ -5,7 +5,7 @@ The planner-side types live in the torch-free ``solvers`` package and are re-exp
 
 from __future__ import annotations
 
-from solvers.errors import BudgetInfeasibleError, RematError, SolverError, SolverUnavailableError
+from remat_pass.solvers.errors import BudgetInfeasibleError, RematError, SolverError, SolverUnavailableError
 
 __all__ = [
     "RematError",

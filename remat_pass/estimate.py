@@ -83,8 +83,8 @@ from dataclasses import asdict, dataclass, fields
 from enum import Enum
 from typing import Any, Mapping
 
-from solvers.errors import RematError  # torch-free, like this module
-from solvers.problem import format_bytes
+from remat_pass.solvers.errors import RematError  # torch-free, like this module
+from remat_pass.solvers.problem import format_bytes
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 from torch import nn
 
-from solvers.problem import ModuleRow, Plan, Problem, format_bytes
+from remat_pass.solvers.problem import ModuleRow, Plan, Problem, format_bytes
 
 from .annotate import META_KEY, AnnotatedGraph, annotate
 from .budget import Budget, parse_budget

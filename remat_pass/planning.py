@@ -33,9 +33,9 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-import solvers
-from solvers.baselines import block_of
-from solvers.problem import Plan, Problem, format_bytes
+from remat_pass import solvers
+from remat_pass.solvers.baselines import block_of
+from remat_pass.solvers.problem import Plan, Problem, format_bytes
 
 from .budget import parse_budget
 from .costs import DeviceProfile

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 if TYPE_CHECKING:
-    from solvers.problem import Plan
+    from remat_pass.solvers.problem import Plan
 
     from .tradeoff import Sweep
 

@@ -19,7 +19,7 @@ import torch
 from torch import fx
 from torch._functorch import partitioners
 
-from solvers.problem import Plan
+from remat_pass.solvers.problem import Plan
 
 from .annotate import AnnotatedGraph, _is_symbolic, dropout_replay_sources
 from .errors import RematError

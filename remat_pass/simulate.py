@@ -183,7 +183,7 @@ def timeline(traced: Any, plan: Any) -> dict[str, list[tuple[int, int]]]:
     >>> # from remat_pass.plots import plot_memory_timeline
     >>> # plot_memory_timeline(timeline(traced, plan), "memory.png")
     """
-    import solvers
+    from remat_pass import solvers
 
     problem = traced.problem
     series = {}

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from torch import nn
 
-import solvers
-from solvers.problem import Plan, Problem, format_bytes
+from remat_pass import solvers
+from remat_pass.solvers.problem import Plan, Problem, format_bytes
 
 from .budget import parse_budget
 from .costs import DeviceProfile

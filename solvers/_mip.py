@@ -24,7 +24,7 @@ import pulp
 
 from .errors import SolverError, SolverUnavailableError
 
-logger = logging.getLogger("solvers")
+logger = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "highs", "cbc")
 

@@ -20,7 +20,7 @@ Groups with the same *signature* (their values' ops, tags, costs, storage sizes,
 which inputs are coupling values, which values backward reads) have the same sub-problem for the
 same coupling states, so one of them is solved and its answer is mapped onto the others by position.
 
->>> from solvers.problem import Problem, Value
+>>> from remat_pass.solvers.problem import Problem, Value
 >>> x = Value(0, "x", (), storage=0, available=True)
 >>> a = Value(1, "a", (0,), storage=1, recompute_seconds=1.0, module="layers.0.fc")
 >>> b = Value(2, "b", (1,), storage=2, recompute_seconds=1.0, module="layers.1.fc")

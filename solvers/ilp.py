@@ -24,7 +24,7 @@ from ._model import Rounding, Weights, build, fits, plan_from, rounding_for, sta
 from .errors import BudgetInfeasibleError, SolverError
 from .problem import Plan, Problem
 
-logger = logging.getLogger("solvers")
+logger = logging.getLogger(__name__)
 
 DEFAULT_TIME_LIMIT = 60.0
 # A relative gap this small counts as closed.
@@ -66,7 +66,7 @@ def min_feasible_bytes(problem: Problem, *, time_limit: float = DEFAULT_TIME_LIM
     Exact, including storages shared by several values: an ILP over the same rows as the
     planner, minimizing unrounded bytes, proven optimal (SolverError if not proven in time).
 
-    >>> from solvers.problem import Problem, Value
+    >>> from remat_pass.solvers.problem import Problem, Value
     >>> x = Value(0, "x", (), storage=0, available=True)
     >>> y = Value(1, "y", (0,), storage=1, recomputable=False)  # e.g. dropout
     >>> min_feasible_bytes(Problem((x, y), (0, 64), frozenset({1})))
@@ -108,7 +108,7 @@ def solve_ilp(
     smallest feasible budget, SolverError when the time limit passes before any plan is
     found, SolverUnavailableError when no backend works.
 
-    >>> from solvers.problem import Problem, Value
+    >>> from remat_pass.solvers.problem import Problem, Value
     >>> x = Value(0, "x", (), storage=0, available=True)
     >>> h = Value(1, "h", (0,), storage=1, recompute_seconds=1e-3)
     >>> y = Value(2, "y", (1,), storage=2, recompute_seconds=2e-3)

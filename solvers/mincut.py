@@ -32,7 +32,7 @@ group's cut depends only on its signature and the states of its coupling values,
 Capacities are integers, rounded down, so every cut value is a valid lower bound; plans are
 always evaluated exactly from their keep sets.
 
->>> from solvers.problem import Problem, Value
+>>> from remat_pass.solvers.problem import Problem, Value
 >>> x = Value(0, "x", (), storage=0, available=True)
 >>> h = Value(1, "h", (0,), storage=1, recompute_seconds=1e-3)
 >>> y = Value(2, "y", (1,), storage=2, recompute_seconds=2e-3)
@@ -58,7 +58,7 @@ from .blocks import Decomposition, decompose
 from .errors import BudgetInfeasibleError, SolverError
 from .problem import Plan, Problem, Value, closure_from_keep_set
 
-logger = logging.getLogger("solvers")
+logger = logging.getLogger(__name__)
 
 DEFAULT_TIME_LIMIT = 60.0
 DEFAULT_POLISH_TIME_LIMIT = 3.0

@@ -34,7 +34,7 @@ from .errors import BudgetInfeasibleError
 from .memory import PlanMemory, _backward_events, backward_steps_of, simulate_plan
 from .problem import Plan, Problem
 
-logger = logging.getLogger("solvers")
+logger = logging.getLogger(__name__)
 
 DEFAULT_ROUNDS = 4
 # Saved-bytes caps (fractions of keep-all) probed when a search finds nothing that fits.

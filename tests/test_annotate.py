@@ -9,7 +9,7 @@ from torch import nn
 
 from remat_pass.annotate import META_KEY, annotate
 from remat_pass.capture import capture
-from solvers.problem import (
+from remat_pass.solvers.problem import (
     TAG_ATTENTION_CORE,
     TAG_DROPOUT_REPLAY,
     TAG_MATMUL,

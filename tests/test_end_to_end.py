@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import remat_pass
-import solvers
+from remat_pass import solvers
 from remat_pass import BudgetInfeasibleError
 
 from .helpers import assert_same_step, eager_reference, run_step

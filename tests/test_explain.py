@@ -11,10 +11,10 @@ import json
 
 import pytest
 
-import solvers
+from remat_pass import solvers
 from remat_pass.errors import BudgetInfeasibleError
 from remat_pass.explain import Explanation, explain, explain_traced, trace_step
-from solvers.problem import TAG_VIEW, ModuleRow, Plan, Problem, Value, closure_from_keep_set
+from remat_pass.solvers.problem import TAG_VIEW, ModuleRow, Plan, Problem, Value, closure_from_keep_set
 
 from .explain_factory import factory, factory_dropout, factory_with_loss
 

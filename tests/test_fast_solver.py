@@ -14,12 +14,12 @@ import random
 import pytest
 import torch
 
-import solvers
-from solvers import SOLVERS, BudgetInfeasibleError, Problem, Value, min_feasible_bytes, solve
-from solvers.blocks import decompose
-from solvers.ilp import solve_ilp
-from solvers.mincut import _Oracle, group_problem, solve_fast, tradeoff_hull
-from solvers.problem import TAG_RANDOM, TAG_VIEW
+from remat_pass import solvers
+from remat_pass.solvers import SOLVERS, BudgetInfeasibleError, Problem, Value, min_feasible_bytes, solve
+from remat_pass.solvers.blocks import decompose
+from remat_pass.solvers.ilp import solve_ilp
+from remat_pass.solvers.mincut import _Oracle, group_problem, solve_fast, tradeoff_hull
+from remat_pass.solvers.problem import TAG_RANDOM, TAG_VIEW
 
 TOLERANCE = 1e-9
 

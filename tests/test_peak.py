@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import remat_pass
-import solvers
+from remat_pass import solvers
 from remat_pass import BudgetInfeasibleError
 from remat_pass.annotate import annotate
 from remat_pass.capture import capture
@@ -15,7 +15,7 @@ from remat_pass.examples import GPT, GPTConfig, lm_loss
 from remat_pass.measure import peak_activation_bytes
 from remat_pass.rewrite import rewrite
 from remat_pass.simulate import simulate
-from solvers.memory import simulate_plan
+from remat_pass.solvers.memory import simulate_plan
 
 from .helpers import assert_same_step, eager_reference, run_step
 
@@ -115,7 +115,7 @@ def test_bad_budget_kind_is_rejected():
 
 def test_peak_planner_on_a_hand_made_chain():
     """x -> a -> b -> c -> d, each 100 bytes, read by backward in reverse order."""
-    from solvers.problem import Problem, Value
+    from remat_pass.solvers.problem import Problem, Value
 
     x = Value(0, "x", (), storage=0, available=True)
     chain = [Value(i, name, (i - 1,), storage=i, recompute_seconds=1e-3) for i, name in enumerate("abcd", start=1)]

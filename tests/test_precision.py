@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 import remat_pass
-import solvers
+from remat_pass import solvers
 
 from .helpers import StepResult, run_step
 from .models import make_case

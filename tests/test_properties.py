@@ -26,9 +26,9 @@ from torch import nn
 from torch.nn import functional as F
 
 import remat_pass
-import solvers
+from remat_pass import solvers
 from remat_pass import BudgetInfeasibleError
-from solvers.problem import Plan, closure_from_keep_set
+from remat_pass.solvers.problem import Plan, closure_from_keep_set
 
 from .helpers import assert_same_step, eager_reference, run_step
 from .models import make_case

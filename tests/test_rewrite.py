@@ -8,11 +8,11 @@ import pytest
 import torch
 from torch import fx
 
-import solvers
+from remat_pass import solvers
 from remat_pass.annotate import annotate
 from remat_pass.capture import capture
 from remat_pass.rewrite import rewrite
-from solvers.problem import TAG_DROPOUT_REPLAY
+from remat_pass.solvers.problem import TAG_DROPOUT_REPLAY
 
 from .models import make_case
 from .test_annotate import TwoLayer

@@ -18,8 +18,8 @@ from typing import Callable
 import pulp
 import pytest
 
-import solvers
-from solvers import (
+from remat_pass import solvers
+from remat_pass.solvers import (
     SOLVERS,
     BudgetInfeasibleError,
     Plan,
@@ -30,11 +30,11 @@ from solvers import (
     min_feasible_bytes,
     solve,
 )
-from solvers import _mip
-from solvers import ilp as ilp_module
-from solvers._model import rounding_for
-from solvers.baselines import articulation_chain, block_of
-from solvers.problem import TAG_ATTENTION_CORE, TAG_RANDOM, TAG_VIEW
+from remat_pass.solvers import _mip
+from remat_pass.solvers import ilp as ilp_module
+from remat_pass.solvers._model import rounding_for
+from remat_pass.solvers.baselines import articulation_chain, block_of
+from remat_pass.solvers.problem import TAG_ATTENTION_CORE, TAG_RANDOM, TAG_VIEW
 
 # "ilp_peak" bounds the simulated peak, not saved bytes: tests/test_peak.py covers it.
 SAVED_SOLVERS = sorted(name for name in SOLVERS if name != "ilp_peak")

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from solvers import SOLVERS, BudgetInfeasibleError, Problem, Value, min_feasible_bytes, solve
+from remat_pass.solvers import SOLVERS, BudgetInfeasibleError, Problem, Value, min_feasible_bytes, solve
 from tests.test_solvers import oracle, oracle_min_bytes
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -19,7 +19,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 import remat_pass
-import solvers
+from remat_pass import solvers
 from remat_pass import BudgetInfeasibleError
 
 from .helpers import assert_same_step, eager_reference, run_step
