@@ -58,7 +58,7 @@ def trace_timed(step: nn.Module, inputs: tuple[Any, ...], device: str) -> tuple[
     """Capture and annotate on fake tensors; (problem, capture seconds, annotate seconds, graph pieces)."""
     from remat_pass.annotate import annotate
     from remat_pass.capture import capture
-    from remat_pass.explain import _merge
+    from remat_pass.pipeline import merge_problems
     from remat_pass.planning import traceable
 
     torch._dynamo.reset()
@@ -66,7 +66,7 @@ def trace_timed(step: nn.Module, inputs: tuple[Any, ...], device: str) -> tuple[
     with traceable(step, inputs) as fake_inputs:
         graphs = capture(step, fake_inputs)
     captured = time.perf_counter()
-    problem = _merge([annotate(joint, device).problem for joint in graphs])
+    problem = merge_problems([annotate(joint, device).problem for joint in graphs])
     annotated = time.perf_counter()
     torch._dynamo.reset()
     return problem, captured - began, annotated - captured, len(graphs)

@@ -13,7 +13,8 @@ import argparse
 from pathlib import Path
 from typing import Sequence
 
-from remat_pass.explain import explain_traced, trace_step
+from remat_pass.explain import explain_traced
+from remat_pass.pipeline import trace_step
 from remat_pass.plots import plot_memory_timeline
 from remat_pass.simulate import timeline
 

@@ -17,7 +17,7 @@ _EXPORTS = {
     "optimize": "remat_pass.api",
     "RematModule": "remat_pass.api",
     "backend": "remat_pass.dynamo_backend",
-    "DEFAULT_BUDGET": "remat_pass.dynamo_backend",
+    "DEFAULT_BUDGET": "remat_pass.pipeline",
     "parse_budget": "remat_pass.budget",
     "saved_activation_bytes": "remat_pass.measure",
     "sweep": "remat_pass.tradeoff",
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from remat_pass.solvers.problem import Plan
 
     from .api import RematModule, optimize
-    from .dynamo_backend import DEFAULT_BUDGET, backend
+    from .dynamo_backend import backend
     from .budget import parse_budget
     from .errors import (
         BudgetInfeasibleError,
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
         SolverUnavailableError,
     )
     from .measure import saved_activation_bytes
+    from .pipeline import DEFAULT_BUDGET
     from .planning import plan
     from .tradeoff import sweep
 

@@ -18,10 +18,11 @@ from torch.utils._pytree import tree_flatten
 
 from remat_pass.solvers.problem import Plan
 
-from .dynamo_backend import DEFAULT_BUDGET, RematBackend
+from .dynamo_backend import RematBackend
 from .capture import capture_failure
 from .costs import DeviceProfile
 from .errors import CaptureError, RematError
+from .pipeline import DEFAULT_BUDGET
 
 logger = logging.getLogger(__name__)
 

@@ -192,7 +192,8 @@ def _run_explain(args: argparse.Namespace) -> int:
     from remat_pass.budget import parse_budget
     from remat_pass.costs import get_profile
     from remat_pass.errors import BudgetInfeasibleError, InvalidBudgetError, RematError
-    from remat_pass.explain import explain_traced, trace_step
+    from remat_pass.explain import explain_traced
+    from remat_pass.pipeline import trace_step
 
     logging.basicConfig(level=logging.WARNING)
     try:

@@ -1,6 +1,6 @@
 """Plan a model's training step without running it: ``remat_pass.plan(model, inputs, budget=...)``.
 
-The step is traced once (``explain.trace_step``: capture, annotate, graph pieces merged into one
+The step is traced once (``pipeline.trace_step``: capture, annotate, graph pieces merged into one
 problem) and solved; nothing is trained, and the model comes back as it was. A model too big for
 this machine can be planned from the meta device: its parameters, buffers and inputs are swapped
 for fake CPU tensors (``FakeTensorMode``: shapes and dtypes, no storage) for the trace, so a
@@ -39,8 +39,18 @@ from remat_pass.solvers.problem import Plan, Problem, format_bytes
 
 from .budget import parse_budget
 from .costs import DeviceProfile
-from .dynamo_backend import DEFAULT_BUDGET, PlanOptions, plan_problem, resolve_budget_kind
-from .explain import LossFn, as_inputs, format_flops, trace_step
+from .pipeline import (
+    DEFAULT_BUDGET,
+    DEFAULT_TIME_LIMIT,
+    BudgetKind,
+    LossFn,
+    PlanOptions,
+    as_inputs,
+    plan_problem,
+    resolve_budget_kind,
+    trace_step,
+)
+from .report import format_flops
 
 logger = logging.getLogger(__name__)
 
@@ -70,9 +80,9 @@ def plan(
     *,
     device: str | DeviceProfile = "h100",
     solver: str = "fast",
-    budget_kind: str = "auto",
+    budget_kind: str = BudgetKind.AUTO,
     loss_fn: LossFn | None = None,
-    time_limit: float = 60.0,
+    time_limit: float = DEFAULT_TIME_LIMIT,
     verbose: bool = False,
     depth: int | None = None,
     **solver_options: Any,
@@ -102,9 +112,9 @@ def plan_with_report(
     *,
     device: str | DeviceProfile = "h100",
     solver: str = "fast",
-    budget_kind: str = "auto",
+    budget_kind: str = BudgetKind.AUTO,
     loss_fn: LossFn | None = None,
-    time_limit: float = 60.0,
+    time_limit: float = DEFAULT_TIME_LIMIT,
     **solver_options: Any,
 ) -> PlanReport:
     """``plan`` plus the step's FLOPs and forward time, for ``PlanReport.render``."""
@@ -117,7 +127,7 @@ def plan_with_report(
         # even when the model's forward is itself wrapped (Hugging Face decorators).
         traced = trace_step(model, inputs, loss_fn=loss_fn or _output, device=device)
     options = PlanOptions(parsed, solver, device, time_limit, budget_kind, dict(solver_options))
-    made = plan_problem(traced.problem, options)
+    made = plan_problem(traced.problem, options).plan
     forward = sum(v.recompute_seconds for v in traced.problem.values if not v.available)
     return PlanReport(made, traced.step_flops, forward, traced.pieces)
 

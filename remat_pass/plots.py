@@ -90,7 +90,7 @@ def plot_memory_timeline(timeline: Mapping[str, Sequence[tuple[float, float]]], 
     ``timeline`` maps a series name to ``(step, bytes)`` pairs, typically two series such as
     ``{"keep-all": [...], "plan": [...]}``. This is the hook for the memory simulator:
     ``remat-pass explain --plot`` draws ``remat_pass.simulate.timeline(traced, plan)`` once that
-    function exists (``traced`` is the ``explain.TracedStep``, with its annotated graphs).
+    function exists (``traced`` is the ``pipeline.TracedStep``, with its annotated graphs).
     """
     if not timeline:
         raise ValueError("nothing to plot: the timeline has no series")

@@ -176,7 +176,7 @@ def simulate(forward: fx.GraphModule, backward: fx.GraphModule) -> MemoryTimelin
 def timeline(traced: Any, plan: Any) -> dict[str, list[tuple[int, int]]]:
     """Live activation bytes over the step, un-rematerialized against ``plan``, for plotting.
 
-    ``traced`` is anything with a ``.problem`` (``remat_pass.explain.trace_step``'s result);
+    ``traced`` is anything with a ``.problem`` (``remat_pass.pipeline.trace_step``'s result);
     the series come from the plan-level simulator (``solvers.simulate_plan``), which the
     tests check against this module's graph replay and the CPU allocator.
 

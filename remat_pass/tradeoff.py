@@ -25,7 +25,8 @@ from remat_pass.solvers.problem import Plan, Problem, format_bytes
 
 from .budget import parse_budget
 from .costs import DeviceProfile
-from .explain import LossFn, TracedStep, format_flops, trace_step
+from .pipeline import LossFn, TracedStep, trace_step
+from .report import format_flops
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -150,7 +151,7 @@ def sweep_traced(
     progress: bool | None = None,
     **solver_options: Any,
 ) -> Sweep:
-    """``sweep`` for a step already traced (``explain.trace_step``)."""
+    """``sweep`` for a step already traced (``pipeline.trace_step``)."""
     problem = traced.problem
     if solver not in solvers.SOLVERS:
         raise ValueError(f"unknown solver {solver!r}; choose one of {', '.join(sorted(solvers.SOLVERS))}")

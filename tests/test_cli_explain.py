@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from remat_pass.cli import main
-from remat_pass.explain import explain_traced, trace_step
+from remat_pass.explain import explain_traced
+from remat_pass.pipeline import trace_step
 
 from .explain_factory import factory
 

@@ -13,7 +13,8 @@ import pytest
 
 from remat_pass import solvers
 from remat_pass.errors import BudgetInfeasibleError
-from remat_pass.explain import Explanation, explain, explain_traced, trace_step
+from remat_pass.explain import Explanation, explain, explain_traced
+from remat_pass.pipeline import trace_step
 from remat_pass.solvers.problem import TAG_VIEW, ModuleRow, Plan, Problem, Value, closure_from_keep_set
 
 from .explain_factory import factory, factory_dropout, factory_with_loss

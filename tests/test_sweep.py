@@ -9,7 +9,7 @@ import pytest
 
 import remat_pass
 from remat_pass.errors import InvalidBudgetError
-from remat_pass.explain import trace_step
+from remat_pass.pipeline import trace_step
 from remat_pass.plots import plot_memory_timeline, plot_pareto
 from remat_pass.tradeoff import BASELINES, INFEASIBLE, OVER_BUDGET, Sweep, sweep_traced
 

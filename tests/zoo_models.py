@@ -169,17 +169,17 @@ class Rewritten:
 
 def record_rewrites(monkeypatch) -> list[Rewritten]:
     """Record every (annotated graph, plan, forward, backward) the dynamo backend produces."""
-    import remat_pass.dynamo_backend as dynamo_backend
+    import remat_pass.pipeline as pipeline
 
     records: list[Rewritten] = []
-    original = dynamo_backend.rewrite
+    original = pipeline.rewrite
 
     def recording(annotated, plan):
         forward, backward = original(annotated, plan)
         records.append(Rewritten(annotated, plan, forward, backward))
         return forward, backward
 
-    monkeypatch.setattr(dynamo_backend, "rewrite", recording)
+    monkeypatch.setattr(pipeline, "rewrite", recording)
     return records
 
 

@@ -1,0 +1,259 @@
+"""The pipeline driver: resolve the budget, trace, plan, rewrite, reconcile.
+
+Every front door goes through here: ``optimize`` and ``backend`` (per captured joint graph,
+``plan_joint_graph``), ``plan``, ``explain`` and ``sweep`` (one traced step, ``trace_step`` then
+``plan_problem``). The stages themselves live in their own modules (``capture``, ``annotate``,
+``solvers``, ``rewrite``, ``simulate``); this module only decides the order and what a budget means:
+
+1. resolve the budget once (``resolve_budget``): its kind ("saved" or "peak"), the user's budget
+   in bytes, and the solver's target (a peak budget less the headroom the graphs do not show);
+2. plan (``plan_problem``), falling back to the smallest feasible budget only when asked to;
+3. rewrite the joint graph into forward and backward (``rewrite``);
+4. reconcile: replay the rewritten graphs (``simulate``) as an independent check of the plan's
+   peak, re-plan a little lower where they disagree, and fail loudly rather than overshoot.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from torch import fx
+
+from remat_pass import solvers
+from remat_pass.solvers.problem import Plan, Problem
+
+from .annotate import AnnotatedGraph, annotate
+from .budget import Budget
+from .capture import JointGraph
+from .costs import DeviceProfile
+from .errors import RematError
+from .rewrite import rewrite
+from .simulate import simulate
+from .tracing import LossFn, TracedStep, as_inputs, merge_problems, trace_step
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BUDGET = 0.5
+"""Half the activation bytes: usually attainable by recomputing only cheap ops."""
+
+DEFAULT_TIME_LIMIT = 60.0
+"""Seconds a MIP solve may take before it returns its best plan so far."""
+
+
+class BudgetKind(str, enum.Enum):
+    """What a budget bounds. A ``str`` so that ``kind == "peak"`` and JSON work unchanged."""
+
+    AUTO = "auto"  # a fraction bounds saved bytes, an absolute size the peak (resolve_budget_kind)
+    SAVED = "saved"  # bytes saved for backward
+    PEAK = "peak"  # the step's simulated activation peak
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def resolve_budget_kind(budget: Budget, kind: str) -> BudgetKind:
+    """"auto": a fraction bounds saved bytes, an absolute size bounds the step's peak.
+
+    A fraction is relative to what the un-rematerialized step saves, so "saved" is what it
+    naturally means; an absolute size is what a user's device can hold, so it must bound the
+    peak — a bound on saved bytes alone can be met by a plan that peaks higher.
+    """
+    try:
+        resolved = BudgetKind(kind)
+    except ValueError:
+        raise ValueError(f"budget_kind must be one of {tuple(k.value for k in BudgetKind)}, got {kind!r}") from None
+    if resolved is not BudgetKind.AUTO:
+        return resolved
+    return BudgetKind.SAVED if budget.fraction is not None else BudgetKind.PEAK
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """How plans are made. ``device`` picks the cost model ("cpu", "a100", "h100", "h200");
+    ``budget_kind`` says what the budget bounds ("auto", "saved", "peak")."""
+
+    budget: Budget
+    solver: str = "ilp"
+    device: str | DeviceProfile = "cpu"
+    time_limit: float = DEFAULT_TIME_LIMIT
+    budget_kind: str = BudgetKind.AUTO
+    solver_options: dict[str, Any] = field(default_factory=dict)
+    free_inputs: bool = False  # see annotate(): True only when each graph is a whole step
+    # The default budget is a preference, not a user's promise: when a graph cannot meet it,
+    # plan at the smallest feasible budget instead of failing the compile (and say so).
+    clamp_to_feasible: bool = False
+
+
+# --- the budget -------------------------------------------------------------------------------
+
+# A peak budget is planned with headroom for what the graphs do not show: scratch space inside
+# kernels (e.g. a bool mask cast to float inside a multiplication), the allocator's rounding and
+# the few small tensors the autograd runtime allocates around the graphs. On CPU transformer
+# steps the allocator's peak exceeded the simulated one by a few percent at most (tests/test_peak.py
+# checks 5%); convolution kernels exceed it by more (benchmarks/RESULTS.md, ResNet).
+PEAK_HEADROOM_FRACTION = 0.03
+PEAK_HEADROOM_BYTES = 4 * 1024
+
+
+def without_headroom(budget_bytes: int) -> int:
+    """The solver's target for a peak budget: the budget less the headroom."""
+    return max(int(budget_bytes * (1 - PEAK_HEADROOM_FRACTION)) - PEAK_HEADROOM_BYTES, 1)
+
+
+def with_headroom(planned_bytes: int) -> int:
+    """The smallest budget whose headroom-reduced value is ``planned_bytes`` or more."""
+    budget = int((planned_bytes + PEAK_HEADROOM_BYTES) / (1 - PEAK_HEADROOM_FRACTION))
+    while without_headroom(budget) < planned_bytes:
+        budget += 1
+    return budget
+
+
+@dataclass(frozen=True)
+class ResolvedBudget:
+    """A budget against one problem: what the user asked for and what the solver is asked for.
+
+    ``budget_bytes`` is the user's budget in bytes (a fraction resolved against
+    ``reference_bytes``: the keep-all saved bytes for "saved", the keep-all peak for "peak");
+    ``target_bytes`` is what the solver plans to (for "peak", less the headroom).
+    """
+
+    requested: Budget
+    kind: BudgetKind
+    budget_bytes: int
+    target_bytes: int
+    reference_bytes: int
+
+
+def resolve_budget(problem: Problem, budget: Budget, kind: str = BudgetKind.AUTO) -> ResolvedBudget:
+    """The one place a budget becomes bytes for ``problem``."""
+    resolved = resolve_budget_kind(budget, kind)
+    if resolved is BudgetKind.PEAK:
+        reference = solvers.simulate_plan(problem, solvers.solve(problem, None, solver="keep_all")).peak_bytes
+        budget_bytes = budget.resolve(reference)
+        return ResolvedBudget(budget, resolved, budget_bytes, without_headroom(budget_bytes), reference)
+    reference = problem.keep_all_bytes()
+    budget_bytes = budget.resolve(reference)
+    return ResolvedBudget(budget, resolved, budget_bytes, budget_bytes, reference)
+
+
+# --- planning ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A plan and the budget it was made for (``plan.budget_bytes`` is ``budget.budget_bytes``)."""
+
+    plan: Plan
+    budget: ResolvedBudget
+
+
+def plan_problem(problem: Problem, options: PlanOptions) -> Planned:
+    """Resolve the budget against ``problem`` and solve; the plan carries its predicted peak.
+
+    Raises BudgetInfeasibleError (in the user's terms: a peak error names the smallest budget
+    that works with the headroom) unless ``options.clamp_to_feasible``.
+    """
+    try:
+        return _solve(problem, options, resolve_budget(problem, options.budget, options.budget_kind))
+    except solvers.BudgetInfeasibleError as error:
+        if not options.clamp_to_feasible:
+            raise
+        logger.warning("the default budget (%s) is infeasible for this graph; planning at the smallest "
+                       "feasible budget, %d bytes", options.budget, error.min_bytes)
+        kind = resolve_budget_kind(options.budget, options.budget_kind)
+        return _solve(problem, options, resolve_budget(problem, Budget(nbytes=error.min_bytes), kind))
+
+
+def _solve(problem: Problem, options: PlanOptions, budget: ResolvedBudget) -> Planned:
+    extra = dict(options.solver_options)
+    solver = options.solver
+    if solver in ("ilp", "fast") and budget.kind is BudgetKind.PEAK:
+        extra["cap_solver"] = solver  # the peak search solves saved-bytes caps with this solver
+        solver = "ilp_peak"
+    if solver in ("ilp", "ilp_peak", "fast"):
+        extra.setdefault("time_limit", options.time_limit)
+    if budget.kind is BudgetKind.PEAK:
+        try:
+            plan = solvers.solve(problem, budget.target_bytes, solver=solver, **extra)
+        except solvers.BudgetInfeasibleError as error:
+            raise solvers.BudgetInfeasibleError(
+                budget.budget_bytes, with_headroom(error.min_bytes), budget.reference_bytes, kind="peak") from None
+        plan = replace(plan, budget_bytes=budget.budget_bytes)
+    else:
+        plan = solvers.solve(problem, budget.target_bytes, solver=solver, **extra)
+    if plan.predicted_peak_bytes is None:
+        plan = replace(plan, predicted_peak_bytes=solvers.simulate_plan(problem, plan).peak_bytes)
+    return Planned(plan, budget)
+
+
+# --- one joint graph: plan, rewrite, reconcile ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlannedGraph:
+    """What the pipeline makes of one joint graph: the plan, its budget, the rewritten graphs and
+    their replayed peak (``graph_peak_bytes``, from ``simulate``: the independent check)."""
+
+    plan: Plan
+    budget: ResolvedBudget
+    forward: fx.GraphModule
+    backward: fx.GraphModule
+    graph_peak_bytes: int
+    annotated: AnnotatedGraph = field(repr=False, compare=False)
+
+
+def plan_joint_graph(joint: JointGraph, options: PlanOptions) -> PlannedGraph:
+    """The whole pipeline for one joint graph: annotate, plan, rewrite, reconcile."""
+    started = time.perf_counter()
+    annotated = annotate(joint, options.device, free_inputs=options.free_inputs)
+    planned = plan_problem(annotated.problem, options)
+    forward, backward = rewrite(annotated, planned.plan)
+    result = reconcile(annotated, options, planned, forward, backward)
+    plan = result.plan
+    logger.info(
+        "planned %d forward values in %.2fs: keep %d of %d bytes, recompute %d values, peak ~%d bytes (%s, %s)",
+        len(annotated.problem.values), time.perf_counter() - started, plan.kept_bytes,
+        plan.keep_all_bytes, len(plan.recomputed), result.graph_peak_bytes, plan.solver, plan.status,
+    )
+    return result
+
+
+def reconcile(annotated: AnnotatedGraph, options: PlanOptions, planned: Planned,
+              forward: fx.GraphModule, backward: fx.GraphModule) -> PlannedGraph:
+    """Replay the rewritten graphs as an independent check of the plan-level peak prediction.
+
+    A peak budget the graphs would break is re-planned a little lower (the two models disagree
+    by a few bytes at most), and an error if that does not help — never a silent overshoot.
+    """
+    plan = planned.plan
+    simulated = simulate(forward, backward).peak_bytes
+    for _ in range(3):
+        if plan.budget_kind != BudgetKind.PEAK or plan.budget_bytes is None or simulated <= plan.budget_bytes:
+            break
+        margin = simulated - (plan.predicted_peak_bytes or simulated)
+        logger.info("graph-level peak %d over the %d-byte budget; re-planning %d bytes lower",
+                    simulated, plan.budget_bytes, max(margin, 1))
+        tighter = replace(options, budget=Budget(nbytes=max(plan.budget_bytes - max(margin, 1), 1)),
+                          budget_kind=BudgetKind.PEAK)
+        plan = replace(plan_problem(annotated.problem, tighter).plan, budget_bytes=plan.budget_bytes)
+        forward, backward = rewrite(annotated, plan)
+        simulated = simulate(forward, backward).peak_bytes
+    if plan.budget_kind == BudgetKind.PEAK and plan.budget_bytes is not None and simulated > plan.budget_bytes:
+        raise RematError(
+            f"internal error: the rewritten graphs peak at {simulated} bytes, over the {plan.budget_bytes}-byte "
+            f"budget (plan-level prediction {plan.predicted_peak_bytes}); please report it"
+        )
+    if simulated != plan.predicted_peak_bytes:
+        logger.debug("graph-level peak %d vs plan-level %s", simulated, plan.predicted_peak_bytes)
+    return PlannedGraph(plan, planned.budget, forward, backward, simulated, annotated)
+
+
+__all__ = [
+    "DEFAULT_BUDGET", "DEFAULT_TIME_LIMIT", "BudgetKind", "LossFn", "PlanOptions", "Planned", "PlannedGraph",
+    "ResolvedBudget", "TracedStep", "as_inputs", "merge_problems", "plan_joint_graph", "plan_problem", "reconcile",
+    "resolve_budget", "resolve_budget_kind", "trace_step", "with_headroom", "without_headroom",
+]
