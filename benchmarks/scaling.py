@@ -36,7 +36,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from remat_pass import solvers
-from remat_pass.solvers.mincut import tradeoff_hull
+from remat_pass.solvers.fast import tradeoff_hull
 from remat_pass.solvers.problem import Plan, Problem, format_bytes
 
 DEFAULT_OUT = Path("benchmarks/out/scaling")

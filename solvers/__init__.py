@@ -1,12 +1,12 @@
 """Torch-free planners: given a Problem and a byte budget, decide what to keep and what to recompute.
 
 Every planner has one signature, ``fn(problem, budget_bytes=None, **options) -> Plan``, and is
-chosen by name from ``SOLVERS``:
+chosen by name from ``SOLVERS`` (``solvers.registry``, which also holds each one's ``SOLVER_INFO``):
 
 * ``"ilp"``: exact (an integer program; see ``solvers.ilp``), honours the budget or raises;
 * ``"ilp_peak"``: the budget bounds the simulated peak of the step (``solvers.peak``);
 * ``"fast"``: Lagrangian min-cuts shared across identical blocks, then a short ILP; for deep
-  models, with an honest gap (``solvers.mincut``);
+  models, with an honest gap (``solvers.fast``);
 * ``"keep_all"``, ``"recompute_all"``, ``"chen_sqrt"``, ``"per_block"``, ``"selective"``:
   the usual checkpointing heuristics; they record the budget but do not aim for it.
 
@@ -22,49 +22,47 @@ chosen by name from ``SOLVERS``:
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from .baselines import BASELINES
 from .errors import BudgetInfeasibleError, RematError, SolverError, SolverUnavailableError
+from .fast import solve_fast
 from .ilp import min_feasible_bytes, solve_ilp
 from .memory import PlanMemory, simulate_plan
-from .mincut import solve_fast
 from .peak import solve_peak
 from .problem import Plan, Problem, Value, closure_from_keep_set, format_bytes
-
-
-class SolverFn(Protocol):
-    """What every planner in ``SOLVERS`` is."""
-
-    def __call__(self, problem: Problem, budget_bytes: int | None = None, **options: object) -> Plan: ...
-
-
-SOLVERS: dict[str, SolverFn] = {"ilp": solve_ilp, "ilp_peak": solve_peak, "fast": solve_fast, **BASELINES}
+from .registry import SOLVER_INFO, SOLVERS, SolverFn, SolverInfo, get_solver, solver_help
+from .status import DEFAULT_TIME_LIMIT, BudgetKind, Status
 
 
 def solve(problem: Problem, budget_bytes: int | None = None, solver: str = "ilp", **options: object) -> Plan:
     """Plan with the named solver; ``options`` go to it (e.g. ``time_limit=10`` for the ILP)."""
-    try:
-        planner = SOLVERS[solver]
-    except KeyError:
-        raise ValueError(f"unknown solver {solver!r}; choose one of {', '.join(sorted(SOLVERS))}") from None
-    return planner(problem, budget_bytes, **options)
+    return get_solver(solver)(problem, budget_bytes, **options)
 
 
 __all__ = [
+    "BASELINES",
+    "DEFAULT_TIME_LIMIT",
     "SOLVERS",
+    "SOLVER_INFO",
     "BudgetInfeasibleError",
+    "BudgetKind",
     "Plan",
+    "PlanMemory",
     "Problem",
     "RematError",
     "SolverError",
     "SolverFn",
+    "SolverInfo",
     "SolverUnavailableError",
+    "Status",
     "Value",
     "closure_from_keep_set",
     "format_bytes",
+    "get_solver",
     "min_feasible_bytes",
     "simulate_plan",
-    "PlanMemory",
     "solve",
+    "solve_fast",
+    "solve_ilp",
+    "solve_peak",
+    "solver_help",
 ]

@@ -233,6 +233,17 @@ def run_mip(
             seconds, cbc_bound = _solve_once(model, backend, time_limit, threads, False, mip, gaps)
         except pulp.PulpSolverError as again:
             raise SolverError(f"the {backend} backend failed on a {len(variables)}-variable model: {again}") from again
+    if warm and _stale_highs_solution(model, backend):
+        # HiGHS (1.16) hands back the MIP start as its solution when presolve alone solves the
+        # model, while its objective says otherwise; solve again without the start. If that run
+        # finds nothing, the start itself is what is known: feasible, nothing proven.
+        logger.debug("HiGHS returned the MIP start unchanged; solving again without it")
+        seconds, cbc_bound = _solve_once(model, backend, time_limit, threads, False, mip, gaps)
+        if _SOL_STATUS.get(model.sol_status) not in ("optimal", "feasible"):
+            assert start is not None
+            values = {var.name: float(start.get(var.name, 0.0)) for var in variables}
+            return MipResult(status="feasible", values=values, objective=_objective_at(model, values),
+                             seconds=seconds, backend=backend)
     status = _SOL_STATUS.get(model.sol_status)
     if status is None:
         raise SolverError(f"the {backend} backend returned {pulp.LpSolution.get(model.sol_status)!r}")
@@ -246,6 +257,24 @@ def run_mip(
     logger.debug("%s %s on %d variables, %d rows: %s in %.3fs (objective %s, bound %s)", backend,
                  "MIP" if mip else "LP", len(variables), model.numConstraints(), status, seconds, objective, bound)
     return MipResult(status=status, values=values, objective=objective, bound=bound, seconds=seconds, backend=backend)
+
+
+def _objective_at(model: pulp.LpProblem, values: Mapping[str, float]) -> float:
+    """The objective of ``model`` at the given variable values."""
+    return float(model.objective.constant) + sum(coef * values.get(var.name, 0.0)
+                                                 for var, coef in model.objective.items())
+
+
+def _stale_highs_solution(model: pulp.LpProblem, backend: str) -> bool:
+    """Whether HiGHS's reported objective disagrees with the solution PuLP read back."""
+    if backend != "highs" or model.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
+        return False
+    try:
+        reported = float(model.solverModel.getInfo().objective_function_value)
+        columns = float(pulp.value(model.objective) or 0.0)
+    except (AttributeError, TypeError, ValueError):
+        return False
+    return abs(reported - columns) > 1e-6 * max(1.0, abs(reported))
 
 
 def _reported_bound(model: pulp.LpProblem, backend: str, cbc_bound: float | None) -> float | None:

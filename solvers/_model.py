@@ -110,6 +110,20 @@ def weights_for(problem: Problem) -> Weights:
     )
 
 
+def time_weights(problem: Problem) -> tuple[Weights, float]:
+    """Weights that are recompute seconds over one unit (no tie-breaks), and that unit in seconds.
+
+    The objective then converts back to seconds exactly, so a bound on it bounds seconds.
+    """
+    recomputable = effectively_recomputable(problem)
+    costs = {v: problem.values[v].recompute_seconds for v in relevant_values(problem) if recomputable[v]}
+    positive = [c for c in costs.values() if c > 0]
+    unit = max(min(positive), sum(positive) / _MAX_COST_UNITS) if positive else 1.0
+    weights = Weights(cost={v: c / unit for v, c in costs.items()},
+                      storage={s: 0.0 for s in paid_storage_bytes(problem)})
+    return weights, unit
+
+
 @dataclass(frozen=True)
 class Model:
     lp: pulp.LpProblem

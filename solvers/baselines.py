@@ -10,31 +10,33 @@ a tuple) are always added to the keep set, since no plan can do otherwise.
 from __future__ import annotations
 
 import math
-import time
-from typing import Callable, Iterable
+from typing import Iterable
 
 import networkx as nx
 
 from ._graph import effectively_recomputable, forced_keeps
 from .problem import TAG_ATTENTION_CORE, Plan, Problem, closure_from_keep_set
+from .registry import Decision, SolverFn, planner
+from .status import Status
 
 
-def _plan(problem: Problem, keep: Iterable[int], solver: str, budget_bytes: int | None, began: float) -> Plan:
+def _plan(problem: Problem, keep: Iterable[int]) -> Decision:
     kept, recomputed = closure_from_keep_set(problem, set(keep) | forced_keeps(problem))
-    return Plan(problem=problem, kept=kept, recomputed=recomputed, solver=solver, status="feasible", gap=None,
-                solve_seconds=time.perf_counter() - began, budget_bytes=budget_bytes)
+    return Decision(kept=kept, recomputed=recomputed, status=Status.FEASIBLE, gap=None)
 
 
-def keep_all(problem: Problem, budget_bytes: int | None = None, **options: object) -> Plan:
+@planner("keep_all", exact=False, bounds=None,
+         description="no rematerialization: keep every value backward reads")
+def keep_all(problem: Problem, budget_bytes: int | None = None, **options: object) -> Decision:
     """No rematerialization: keep every value backward reads."""
-    began = time.perf_counter()
-    return _plan(problem, problem.backward_reads, "keep_all", budget_bytes, began)
+    return _plan(problem, problem.backward_reads)
 
 
-def recompute_all(problem: Problem, budget_bytes: int | None = None, **options: object) -> Plan:
+@planner("recompute_all", exact=False, bounds=None,
+         description="keep only what cannot be recomputed: the fewest bytes a closure reaches")
+def recompute_all(problem: Problem, budget_bytes: int | None = None, **options: object) -> Decision:
     """Keep only what cannot be recomputed: the least memory a keep-set closure can reach."""
-    began = time.perf_counter()
-    return _plan(problem, (), "recompute_all", budget_bytes, began)
+    return _plan(problem, ())
 
 
 def articulation_chain(problem: Problem) -> list[int]:
@@ -75,12 +77,13 @@ def articulation_chain(problem: Problem) -> list[int]:
     return sorted(chain)
 
 
-def chen_sqrt(problem: Problem, budget_bytes: int | None = None, **options: object) -> Plan:
+@planner("chen_sqrt", exact=False, bounds=None,
+         description="Chen et al. 2016: keep every sqrt(n)-th value of the residual chain")
+def chen_sqrt(problem: Problem, budget_bytes: int | None = None, **options: object) -> Decision:
     """Chen et al. 2016: keep every ceil(sqrt(m))-th of the m keepable chain values."""
-    began = time.perf_counter()
     chain = [v for v in articulation_chain(problem) if problem.values[v].keepable]
     stride = max(1, math.ceil(math.sqrt(len(chain))))
-    return _plan(problem, chain[stride - 1 :: stride], "chen_sqrt", budget_bytes, began)
+    return _plan(problem, chain[stride - 1 :: stride])
 
 
 def block_of(module: str) -> str | None:
@@ -96,34 +99,36 @@ def block_of(module: str) -> str | None:
     return None
 
 
-def per_block(problem: Problem, budget_bytes: int | None = None, **options: object) -> Plan:
+@planner("per_block", exact=False, bounds=None,
+         description="torch.utils.checkpoint around each repeated block")
+def per_block(problem: Problem, budget_bytes: int | None = None, **options: object) -> Decision:
     """torch.utils.checkpoint around each block: keep block inputs, recompute inside blocks.
 
     Backward reads outside any block are kept. Random ops inside a block are kept rather than
     replayed (this model has no RNG replay).
     """
-    began = time.perf_counter()
     values = problem.values
     blocks = [block_of(v.module) for v in values]
     keep = {v for v in problem.backward_reads if blocks[v] is None}
     for value in values:
         if blocks[value.id] is not None:
             keep.update(u for u in value.inputs if blocks[u] != blocks[value.id])
-    return _plan(problem, keep, "per_block", budget_bytes, began)
+    return _plan(problem, keep)
 
 
-def selective(problem: Problem, budget_bytes: int | None = None, **options: object) -> Plan:
+@planner("selective", exact=False, bounds=None,
+         description="Megatron-style selective recompute of the attention core")
+def selective(problem: Problem, budget_bytes: int | None = None, **options: object) -> Decision:
     """Megatron-style selective recompute: recompute the attention core, keep the rest."""
-    began = time.perf_counter()
     recomputable = effectively_recomputable(problem)
     keep = {
         v.id for v in problem.values
         if not (TAG_ATTENTION_CORE in v.tags and recomputable[v.id])
     }
-    return _plan(problem, keep, "selective", budget_bytes, began)
+    return _plan(problem, keep)
 
 
-BASELINES: dict[str, Callable[..., Plan]] = {
+BASELINES: dict[str, SolverFn] = {
     "keep_all": keep_all,
     "recompute_all": recompute_all,
     "chen_sqrt": chen_sqrt,

@@ -12,29 +12,19 @@ optimality for the real budget and sometimes finds a better plan that still fits
 from __future__ import annotations
 
 import logging
-import operator
 import time
 from dataclasses import dataclass
 
-import pulp
-
 from . import baselines
-from ._mip import MipResult, resolve_backend, run_mip
-from ._model import Rounding, Weights, build, fits, plan_from, rounding_for, start_values, weights_for
+from ._mip import MipResult, resolve_backend
+from ._model import Rounding, Weights, rounding_for, weights_for
+from ._run import Outcome, solve_once
 from .errors import BudgetInfeasibleError, SolverError
 from .problem import Plan, Problem
+from .registry import Decision, planner
+from .status import CLOSED_GAP, DEFAULT_TIME_LIMIT, BudgetKind, Status, relative_gap
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_TIME_LIMIT = 60.0
-# A relative gap this small counts as closed.
-_CLOSED_GAP = 1e-9
-
-
-def _keep_all(problem: Problem, budget_bytes: int | None, began: float) -> Plan:
-    plan = baselines.keep_all(problem, budget_bytes)
-    return Plan(problem=problem, kept=plan.kept, recomputed=plan.recomputed, solver="ilp", status="optimal",
-                gap=0.0, solve_seconds=time.perf_counter() - began, budget_bytes=budget_bytes)
 
 
 def _min_bytes_plan(problem: Problem, backend: str, time_limit: float, threads: int | None) -> Plan:
@@ -44,17 +34,17 @@ def _min_bytes_plan(problem: Problem, backend: str, time_limit: float, threads: 
     if fallback.kept_bytes == 0:
         return Plan(problem=problem, kept=fallback.kept, recomputed=fallback.recomputed, solver="ilp-min-bytes",
                     solve_seconds=time.perf_counter() - began)
-    model = build(problem, rounding_for(problem, exact=True), None, None)
     # The objective is a whole number of units: an absolute gap under one proves the exact minimum,
     # where a relative one would let a big total stop some units short.
-    result = run_mip(model.lp, backend=backend, time_limit=time_limit, threads=threads,
-                     start=start_values(model, fallback), gaps=(0.0, 0.5))
-    if result.status != "optimal":
+    outcome = solve_once(problem, None, rounding=rounding_for(problem, exact=True), weights=None,
+                         time_limit=time_limit, backend=backend, threads=threads, start=fallback, gaps=(0.0, 0.5))
+    if outcome.status != "optimal" or outcome.plan is None:
         raise SolverError(
             f"could not prove the smallest feasible budget within time_limit={time_limit:g}s "
-            f"({result.status}); pass a larger time_limit"
+            f"({outcome.status}); pass a larger time_limit"
         )
-    plan = plan_from(problem, model, result, solver="ilp-min-bytes", solve_seconds=time.perf_counter() - began)
+    plan = Plan(problem=problem, kept=outcome.plan.kept, recomputed=outcome.plan.recomputed, solver="ilp-min-bytes",
+                solve_seconds=time.perf_counter() - began)
     logger.debug("ilp: smallest feasible budget %d bytes (%.3fs)", plan.kept_bytes, plan.solve_seconds)
     return plan
 
@@ -92,14 +82,16 @@ def _remaining(deadline: float) -> float:
     return max(deadline - time.perf_counter(), 0.05)
 
 
+@planner("ilp", description="exact integer program over keep/recompute (PuLP + HiGHS or CBC)", exact=True,
+         bounds=BudgetKind.SAVED)
 def solve_ilp(
     problem: Problem,
-    budget_bytes: int | None = None,
+    budget_bytes: int,
     *,
     time_limit: float = DEFAULT_TIME_LIMIT,
     backend: str = "auto",
     threads: int | None = None,
-) -> Plan:
+) -> Decision:
     """The least recompute time that keeps at most ``budget_bytes`` (None: unlimited).
 
     Options: ``time_limit`` (seconds, for all backend runs of this call together),
@@ -113,14 +105,10 @@ def solve_ilp(
     >>> h = Value(1, "h", (0,), storage=1, recompute_seconds=1e-3)
     >>> y = Value(2, "y", (1,), storage=2, recompute_seconds=2e-3)
     >>> plan = solve_ilp(Problem((x, h, y), (0, 100, 100), frozenset({1, 2})), budget_bytes=100)
-    >>> sorted(plan.kept), sorted(plan.recomputed), plan.status
+    >>> sorted(plan.kept), sorted(plan.recomputed), plan.status.value
     ([2], [1], 'optimal')
     """
     began = time.perf_counter()
-    if budget_bytes is not None:
-        budget_bytes = operator.index(budget_bytes)
-    if budget_bytes is None or budget_bytes >= problem.keep_all_bytes():
-        return _keep_all(problem, budget_bytes, began)
     context = _Context(problem, budget_bytes, resolve_backend(backend), began + time_limit, time_limit, threads)
     warm = _warm_plan(problem, budget_bytes, context.backend, context.deadline, threads)
     weights = weights_for(problem)
@@ -132,15 +120,9 @@ def solve_ilp(
         plan, result = _solve_rounded(context, rounding, weights, warm)
     assert plan is not None
     plan, status, gap = _prove(context, plan, result, rounding, weights)
-    plan = Plan(problem=problem, kept=plan.kept, recomputed=plan.recomputed, solver="ilp", status=status, gap=gap,
-                solve_seconds=time.perf_counter() - began, budget_bytes=budget_bytes)
-    if plan.kept_bytes > budget_bytes:
-        raise SolverError(f"ilp plan keeps {plan.kept_bytes} bytes, over the budget of {budget_bytes}; this is a bug")
     logger.info("ilp (%s): budget %d B, kept %d B, recompute %.6g s, %s, gap %s, %.3fs", context.backend,
-                budget_bytes, plan.kept_bytes, plan.recompute_seconds, status, gap, plan.solve_seconds)
-    return plan
-
-
+                budget_bytes, plan.kept_bytes, plan.recompute_seconds, status, gap, time.perf_counter() - began)
+    return Decision.of(plan, status, gap)
 @dataclass(frozen=True)
 class _Context:
     """What every backend run of one ``solve_ilp`` call shares."""
@@ -156,28 +138,25 @@ class _Context:
 def _solve_rounded(context: _Context, rounding: Rounding, weights: Weights, warm: Plan) -> tuple[Plan | None, MipResult]:
     """Solve one rounding of the model; a plan unless the model is infeasible; SolverError if none in time."""
     problem, budget_bytes = context.problem, context.budget_bytes
-    model = build(problem, rounding, budget_bytes, weights)
-    start = start_values(model, warm) if fits(rounding, warm, budget_bytes) else None
-    logger.debug("ilp: %d keep, %d recompute, %d storage variables; %d-byte units rounded %s; warm start %s",
-                 len(model.keep), len(model.recompute), len(model.paid), rounding.quantum,
-                 "up" if rounding.up else "down", warm.solver if start else "none")
-    result = run_mip(model.lp, backend=context.backend, time_limit=_remaining(context.deadline),
-                     threads=context.threads, start=start)
-    if result.status == "no_solution":
+    logger.debug("ilp: %d-byte units rounded %s; warm start %s", rounding.quantum, "up" if rounding.up else "down",
+                 warm.solver)
+    outcome = solve_once(problem, budget_bytes, rounding=rounding, weights=weights, start=warm,
+                         time_limit=_remaining(context.deadline), backend=context.backend, threads=context.threads)
+    if outcome.status == "no_solution":
         raise SolverError(
             f"the {context.backend} backend found no plan for budget {budget_bytes} bytes within "
             f"time_limit={context.time_limit:g}s; pass a larger time_limit"
         )
-    if result.status == "infeasible":
+    if outcome.status == "infeasible":
         if rounding.up and not rounding.exact:
-            return None, result
+            return None, outcome.result
         raise SolverError(f"the {context.backend} backend calls budget {budget_bytes} infeasible although "
                           f"{warm.solver} keeps {warm.kept_bytes} bytes within it; numerical trouble")
-    return plan_from(problem, model, result, solver="ilp", budget_bytes=budget_bytes), result
+    return outcome.plan, outcome.result
 
 
 def _prove(context: _Context, plan: Plan, result: MipResult, rounding: Rounding,
-           weights: Weights) -> tuple[Plan, str, float | None]:
+           weights: Weights) -> tuple[Plan, Status, float | None]:
     """"optimal" only when proven for the real budget; else "feasible" and the gap to a proven bound.
 
     With exact rounding the backend's word is the proof. With lossy rounding the model is
@@ -187,32 +166,29 @@ def _prove(context: _Context, plan: Plan, result: MipResult, rounding: Rounding,
     """
     if rounding.exact:
         if result.status == "optimal":
-            return plan, "optimal", 0.0
+            return plan, Status.OPTIMAL, 0.0
         bound = result.bound if result.bound is not None else _lp_bound(context, rounding, weights)
-        return plan, "feasible", _gap(weights.evaluate(plan), bound)
+        return plan, Status.FEASIBLE, relative_gap(weights.evaluate(plan), bound)
     bound: float | None = None
     for other in (rounding.optimistic(), rounding_for(context.problem, exact=True)):
         plan, outcome = _improve(context, other, weights, plan)
         if outcome.status == "optimal" and other.exact:
-            return plan, "optimal", 0.0
+            return plan, Status.OPTIMAL, 0.0
         if outcome.bound is not None:
             bound = outcome.bound if bound is None else max(bound, outcome.bound)
-        gap = _gap(weights.evaluate(plan), bound)
-        if gap is not None and gap <= _CLOSED_GAP:
-            return plan, "optimal", 0.0
+        gap = relative_gap(weights.evaluate(plan), bound)
+        if gap is not None and gap <= CLOSED_GAP:
+            return plan, Status.OPTIMAL, 0.0
     if bound is None:
         bound = _lp_bound(context, rounding.optimistic(), weights)
-    return plan, "feasible", _gap(weights.evaluate(plan), bound)
+    return plan, Status.FEASIBLE, relative_gap(weights.evaluate(plan), bound)
 
 
-def _improve(context: _Context, rounding: Rounding, weights: Weights, plan: Plan) -> tuple[Plan, MipResult]:
+def _improve(context: _Context, rounding: Rounding, weights: Weights, plan: Plan) -> tuple[Plan, Outcome]:
     """Solve another rounding from ``plan``; keep its answer if it fits the real budget and is better."""
-    model = build(context.problem, rounding, context.budget_bytes, weights)
-    outcome = _try_run(context, model.lp, start=start_values(model, plan))
-    if outcome.status in ("optimal", "feasible"):
-        candidate = plan_from(context.problem, model, outcome, solver="ilp", budget_bytes=context.budget_bytes)
-        if candidate.kept_bytes <= context.budget_bytes and weights.evaluate(candidate) < weights.evaluate(plan):
-            plan = candidate
+    outcome = _try_run(context, rounding, weights, start=plan)
+    if outcome.plan is not None and outcome.fits and weights.evaluate(outcome.plan) < weights.evaluate(plan):
+        plan = outcome.plan
     logger.debug("ilp: %d-byte units rounded %s: %s, bound %s", rounding.quantum,
                  "exactly" if rounding.exact else ("up" if rounding.up else "down"), outcome.status, outcome.bound)
     return plan, outcome
@@ -220,24 +196,16 @@ def _improve(context: _Context, rounding: Rounding, weights: Weights, plan: Plan
 
 def _lp_bound(context: _Context, rounding: Rounding, weights: Weights) -> float | None:
     """The LP relaxation's optimum: a weak but honest bound when the backend reports none."""
-    model = build(context.problem, rounding, context.budget_bytes, weights)
-    result = _try_run(context, model.lp, mip=False)
-    return result.objective if result.status == "optimal" else None
+    outcome = _try_run(context, rounding, weights, mip=False)
+    return outcome.result.objective if outcome.status == "optimal" else None
 
 
-def _try_run(context: _Context, lp: pulp.LpProblem, **options: object) -> MipResult:
+def _try_run(context: _Context, rounding: Rounding, weights: Weights, **options: object) -> Outcome:
     """A run that only sharpens the answer: a crash costs the bound, not the plan already found."""
     try:
-        return run_mip(lp, backend=context.backend, time_limit=_remaining(context.deadline), threads=context.threads,
-                       **options)
+        return solve_once(context.problem, context.budget_bytes, rounding=rounding, weights=weights,
+                          time_limit=_remaining(context.deadline), backend=context.backend, threads=context.threads,
+                          **options)
     except SolverError as error:
         logger.warning("ilp: a bounding run failed, the gap may be unknown: %s", error)
-        return MipResult(status="no_solution", backend=context.backend)
-
-
-def _gap(objective: float, bound: float | None) -> float | None:
-    if bound is None:
-        return None
-    if objective <= 0:
-        return 0.0
-    return max(0.0, (objective - bound) / objective)
+        return Outcome(MipResult(status="no_solution", backend=context.backend))

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import pulp
 
@@ -33,6 +33,8 @@ from ._model import Model, build, plan_from, rounding_for, weights_for
 from .errors import BudgetInfeasibleError
 from .memory import PlanMemory, _backward_events, backward_steps_of, simulate_plan
 from .problem import Plan, Problem
+from .registry import Decision, planner
+from .status import DEFAULT_TIME_LIMIT, BudgetKind, Status
 
 logger = logging.getLogger(__name__)
 
@@ -141,16 +143,18 @@ def _pinned_bytes(problem: Problem) -> int:
     return problem.bytes_of(problem.forward_outputs)
 
 
+@planner("ilp_peak", description="the ILP with simulated-peak rows: the budget bounds the step's activation peak",
+         exact=False, bounds=BudgetKind.PEAK)
 def solve_peak(
     problem: Problem,
     budget_bytes: int | None = None,
     *,
-    time_limit: float = 60.0,
+    time_limit: float = DEFAULT_TIME_LIMIT,
     backend: str = "auto",
     rounds: int = DEFAULT_ROUNDS,
     threads: int | None = None,
     cap_solver: str = "ilp",
-) -> Plan:
+) -> Decision:
     """The least recompute time whose simulated activation peak is at most ``budget_bytes``.
 
     ``cap_solver`` solves each saved-bytes cap: "ilp" (exact), or "fast" for deep models (the
@@ -166,7 +170,7 @@ def solve_peak(
     keep_all = baselines.keep_all(problem)
     keep_all_memory = simulate_plan(problem, keep_all)
     if budget_bytes is None or keep_all_memory.peak_bytes <= budget_bytes:
-        return _finish(keep_all, keep_all_memory, "optimal", 0.0, began, budget_bytes)
+        return _finish(keep_all, keep_all_memory, Status.OPTIMAL, 0.0)
     if cap_solver not in ("ilp", "fast"):
         raise ValueError(f"cap_solver must be 'ilp' or 'fast', got {cap_solver!r}")
     search = _Search(problem, budget_bytes, resolve_backend(backend), began + time_limit, threads, cap_solver)
@@ -184,8 +188,8 @@ def solve_peak(
             lowest = min(c.memory.peak_bytes for c in probes)
             raise BudgetInfeasibleError(budget_bytes, lowest, keep_all_memory.peak_bytes, kind="peak")
     best = min(fitting, key=lambda c: (c.plan.recompute_seconds, c.memory.peak_bytes, c.plan.kept_bytes))
-    status, gap = ("optimal", 0.0) if best is search.proven else ("feasible", None)
-    return _finish(best.plan, best.memory, status, gap, began, budget_bytes)
+    status, gap = (Status.OPTIMAL, 0.0) if best is search.proven else (Status.FEASIBLE, None)
+    return _finish(best.plan, best.memory, status, gap)
 
 
 class _Search:
@@ -204,8 +208,8 @@ class _Search:
         return self.deadline - time.perf_counter()
 
     def _try_cap(self, cap: int, time_limit: float | None = None) -> _Candidate | None:
+        from .fast import solve_fast
         from .ilp import solve_ilp
-        from .mincut import solve_fast
 
         seconds = max(self._left(), 0.1) if time_limit is None else time_limit
         try:
@@ -323,8 +327,5 @@ def _tighten_saved(peak_model: _PeakModel, plan: Plan) -> None:
         plan.kept_bytes - q, 0) // q, f"saved{peak_model.rows}"
 
 
-def _finish(plan: Plan, memory: PlanMemory, status: str, gap: float | None, began: float,
-            budget_bytes: int | None) -> Plan:
-    solver = plan.solver if plan.solver == "ilp_peak" else f"ilp_peak/{plan.solver}"
-    return replace(plan, solver=solver, status=status, gap=gap, solve_seconds=time.perf_counter() - began,
-                   budget_bytes=budget_bytes, budget_kind="peak", predicted_peak_bytes=memory.peak_bytes)
+def _finish(plan: Plan, memory: PlanMemory, status: Status, gap: float | None) -> Decision:
+    return Decision.of(plan, status, gap, source=plan.solver, predicted_peak_bytes=memory.peak_bytes)

@@ -31,6 +31,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from .status import BudgetKind, Status
+
 # Tags annotate puts on values; planners may read them, nothing requires them.
 TAG_RANDOM = "random"
 TAG_MUTATION = "mutation"
@@ -146,14 +148,17 @@ class Plan:
     kept: frozenset[int]
     recomputed: frozenset[int]
     solver: str
-    status: str = "optimal"
+    status: Status = Status.OPTIMAL
     gap: float | None = 0.0
     solve_seconds: float = 0.0
     budget_bytes: int | None = None
-    budget_kind: str = "saved"  # "saved": budget bounds kept bytes; "peak": the simulated step peak
+    budget_kind: BudgetKind = BudgetKind.SAVED  # what the budget bounds: kept bytes, or the simulated step peak
     predicted_peak_bytes: int | None = None
 
     def __post_init__(self) -> None:
+        # Plain strings are accepted (a plan read back from JSON); an unknown one is a ValueError.
+        object.__setattr__(self, "status", Status(self.status))
+        object.__setattr__(self, "budget_kind", BudgetKind(self.budget_kind))
         self.check()
 
     def check(self) -> None:

@@ -1,7 +1,7 @@
-"""The fast planner ("fast", ``solvers.mincut``) against the exact ILP, and block detection (``solvers.blocks``).
+"""The fast planner ("fast", ``solvers.fast``) against the exact ILP, and block detection (``solvers.fast.blocks``).
 
 The reference is the ILP on PuLP's CBC: on these tiny problems it is instant, and it does not
-share the HiGHS MIP-start quirk the fast planner guards against (see ``_stale_highs_solution``).
+share the HiGHS MIP-start quirk (see ``_mip._stale_highs_solution``).
 Random problems come from a fixed-seed table: chains of identical blocks (with and without values
 that couple neighbouring blocks) and unstructured bodies, with views sharing storages, tuple
 values, random (never recomputed) ops and available inputs.
@@ -16,9 +16,11 @@ import torch
 
 from remat_pass import solvers
 from remat_pass.solvers import SOLVERS, BudgetInfeasibleError, Problem, Value, min_feasible_bytes, solve
-from remat_pass.solvers.blocks import decompose
+from remat_pass.solvers.fast import solve_fast, tradeoff_hull
+from remat_pass.solvers.fast.blocks import decompose
+from remat_pass.solvers.fast.oracle import Oracle
+from remat_pass.solvers.fast.refine import group_problem
 from remat_pass.solvers.ilp import solve_ilp
-from remat_pass.solvers.mincut import _Oracle, group_problem, solve_fast, tradeoff_hull
 from remat_pass.solvers.problem import TAG_RANDOM, TAG_VIEW
 
 TOLERANCE = 1e-9
@@ -132,13 +134,13 @@ def test_identical_blocks_are_cut_once() -> None:
     separable = random_problem(1, blocks=6)  # block outputs read by backward: no couplings
     split = decompose(separable)
     assert split.block_classes() == [[f"layers.{i}" for i in range(6)]] and not split.couplings
-    oracle = _Oracle(separable, split)
+    oracle = Oracle(separable, split)
     oracle.evaluate(1e-3)
     assert oracle.cuts == len(split.classes)  # one cut per class, whatever the depth
     coupled = random_problem(0, blocks=6)  # block outputs not read: each couples two blocks
     split = decompose(coupled)
     assert split.couplings and ["layers.1", "layers.2", "layers.3", "layers.4"] in split.block_classes()
-    oracle = _Oracle(coupled, split)
+    oracle = Oracle(coupled, split)
     oracle.evaluate(1e-3)
     # One cut per (class, coupling states) pair: the middle blocks share theirs.
     assert oracle.cuts <= sum(2 ** len(split.groups[c[0]].touched) for c in split.classes)

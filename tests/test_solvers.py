@@ -31,7 +31,7 @@ from remat_pass.solvers import (
     solve,
 )
 from remat_pass.solvers import _mip
-from remat_pass.solvers import ilp as ilp_module
+from remat_pass.solvers import _run
 from remat_pass.solvers._model import rounding_for
 from remat_pass.solvers.baselines import articulation_chain, block_of
 from remat_pass.solvers.problem import TAG_ATTENTION_CORE, TAG_RANDOM, TAG_VIEW
@@ -430,7 +430,7 @@ def test_lossy_rounding_still_exact(budget: int) -> None:
 
 def _patched_run_mip(monkeypatch: pytest.MonkeyPatch, **changes: object) -> None:
     """Let the real backend solve, then report what a time-limit stop would have reported."""
-    real = ilp_module.run_mip
+    real = _run.run_mip
 
     def run(model: pulp.LpProblem, **options: object) -> _mip.MipResult:
         result = real(model, **options)
@@ -438,7 +438,7 @@ def _patched_run_mip(monkeypatch: pytest.MonkeyPatch, **changes: object) -> None
             return result
         return dataclasses.replace(result, **{k: (v(result) if callable(v) else v) for k, v in changes.items()})
 
-    monkeypatch.setattr(ilp_module, "run_mip", run)
+    monkeypatch.setattr(_run, "run_mip", run)
 
 
 def test_stop_with_incumbent_reports_feasible_and_gap(monkeypatch: pytest.MonkeyPatch) -> None:
