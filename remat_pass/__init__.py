@@ -18,6 +18,7 @@ _EXPORTS = {
     "RematModule": "remat_pass.api",
     "backend": "remat_pass.dynamo_backend",
     "DEFAULT_BUDGET": "remat_pass.pipeline",
+    "apply_to_blocks": "remat_pass.per_block",
     "parse_budget": "remat_pass.budget",
     "saved_activation_bytes": "remat_pass.measure",
     "sweep": "remat_pass.tradeoff",
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 
     from .api import RematModule, optimize
     from .dynamo_backend import backend
+    from .per_block import apply_to_blocks
     from .budget import parse_budget
     from .errors import (
         BudgetInfeasibleError,

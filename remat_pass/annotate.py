@@ -26,6 +26,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from remat_pass.solvers.problem import (
     TAG_ATTENTION_CORE,
+    TAG_COLLECTIVE,
     BackwardStep,
     TAG_DROPOUT_REPLAY,
     TAG_MATMUL,
@@ -37,6 +38,7 @@ from remat_pass.solvers.problem import (
 )
 
 from .capture import JointGraph
+from .collectives import collective_seconds, is_collective
 from .costs import DeviceProfile, get_profile
 
 logger = logging.getLogger(__name__)
@@ -227,10 +229,33 @@ class _StorageTable:
 
 
 def _activation_inputs(joint: JointGraph) -> set[fx.Node]:
-    """Tensor inputs that are neither parameters nor buffers (AOTAutograd's static inputs)."""
+    """Tensor inputs that are neither parameters nor buffers (AOTAutograd's static inputs).
+
+    AOTAutograd's ``static_lifetime_input_indices`` are positions among the *outer*
+    arguments. Without tensor subclasses those are the graph's placeholders one to one; a
+    DTensor argument (tensor parallel, FSDP2) is flattened into several placeholders (its
+    local tensor, its mesh), so positions among placeholders would charge a weight shard as
+    an activation. Each placeholder's descriptor (``meta["desc"]``) names the outer argument
+    it came from; decide from that. Graphs without descriptors (older torch) use positions.
+    """
     static = set(joint.partition_kwargs.get("static_lifetime_input_indices") or ())
     primals = [n for n in joint.module.graph.find_nodes(op="placeholder") if not _is_tangent(n)]
-    return {n for i, n in enumerate(primals) if i not in static and isinstance(n.meta.get("val"), torch.Tensor)}
+    tensors = [n for n in primals if isinstance(n.meta.get("val"), torch.Tensor)]
+    if any(n.meta.get("desc") is None for n in tensors):
+        return {n for i, n in enumerate(primals) if i not in static and n in tensors}
+    return {n for n in tensors if _outer_argument_is_activation(n.meta["desc"], static)}
+
+
+def _outer_argument_is_activation(desc: Any, static: set[int]) -> bool:
+    """Follow a placeholder's descriptor to the argument the user passed, and judge that."""
+    while hasattr(desc, "base") or hasattr(desc, "base_of"):  # subclass attribute, view/synthetic base
+        desc = getattr(desc, "base", None) or getattr(desc, "base_of")
+    kind = type(desc).__name__
+    if kind in ("ParamAOTInput", "BufferAOTInput"):
+        return False
+    if kind == "PlainAOTInput":
+        return desc.idx not in static
+    return False  # RNG seeds and offsets, effect tokens: not activations
 
 
 def _make_value(
@@ -261,7 +286,9 @@ def _make_value(
     seconds = 0.0
     if node.op == "call_function" and TAG_VIEW not in tags and node.target is not operator.getitem:
         seconds = profile.op_seconds(flops, _bytes_moved(node), _dtype_of(val))
-    recomputable = not available and not tags & {TAG_RANDOM, TAG_MUTATION} and node.op == "call_function"
+    if TAG_COLLECTIVE in tags:  # what running it again would cost: communication, not compute
+        seconds = collective_seconds(node, max(_tensor_bytes(val), _bytes_moved(node) - _tensor_bytes(val)), profile.name)
+    recomputable = not available and not tags & {TAG_RANDOM, TAG_MUTATION, TAG_COLLECTIVE} and node.op == "call_function"
     sources = node.all_input_nodes
     replay = dropout_replay_sources(node)
     if replay is not None:
@@ -369,6 +396,8 @@ def _op_tags(node: fx.Node) -> Iterable[str]:
         # overwrites after the forward: recomputed in backward it would read the buffers after
         # that update, and autograd rejects a saved tensor modified in place. Never recomputed.
         yield TAG_MUTATION
+    if is_collective(node):  # see remat_pass.collectives: every rank must run it, exactly once
+        yield TAG_COLLECTIVE
     if target.overloadpacket.__name__ in _MATMUL_OPS:
         yield TAG_MATMUL
     if "scaled_dot_product" in target.overloadpacket.__name__:

@@ -21,6 +21,7 @@ from remat_pass.solvers.problem import Plan
 from .dynamo_backend import RematBackend
 from .capture import capture_failure
 from .costs import DeviceProfile
+from .distributed import reject_wrapped_model
 from .errors import CaptureError, RematError
 from .pipeline import DEFAULT_BUDGET
 
@@ -174,6 +175,7 @@ def optimize(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"optimize expects an nn.Module, got {type(model).__name__}")
+    reject_wrapped_model(model)
     optimized = RematModule(
         model, budget, inner=inner, solver=solver, device=device, time_limit=time_limit,
         budget_kind=budget_kind, **solver_options,

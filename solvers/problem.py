@@ -40,6 +40,7 @@ TAG_VIEW = "view"
 TAG_MATMUL = "matmul"
 TAG_ATTENTION_CORE = "attention_core"
 TAG_DROPOUT_REPLAY = "dropout_replay"  # a dropout output rebuilt from its input and kept mask
+TAG_COLLECTIVE = "collective"  # communication over a process group: never run twice
 
 
 @dataclass(frozen=True)
