@@ -66,11 +66,15 @@ def parse_budget(value: object) -> Budget:
             )
         return Budget(fraction=value)
     if isinstance(value, str):
-        return Budget(nbytes=_parse_size(value))
+        return Budget(nbytes=parse_size(value))
     raise InvalidBudgetError(f"invalid budget of type {type(value).__name__}: {_ACCEPTED}")
 
 
-def _parse_size(text: str) -> int:
+def parse_size(text: str) -> int:
+    """Bytes in a size string ("512MB", "2GiB", "100"): the one unit table of remat_pass.
+
+    B, KB, MB, GB, TB are powers of 1000; KiB, MiB, GiB, TiB powers of 1024; case-insensitive.
+    """
     match = _SIZE.match(text)
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _UNITS:

@@ -78,12 +78,13 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 from dataclasses import asdict, dataclass, fields
 from enum import Enum
 from typing import Any, Mapping
 
-from remat_pass.solvers.errors import RematError  # torch-free, like this module
+from remat_pass.budget import parse_size  # torch-free, like this module
+from remat_pass.errors import InvalidBudgetError
+from remat_pass.solvers.errors import RematError
 from remat_pass.solvers.problem import format_bytes
 
 logger = logging.getLogger(__name__)
@@ -102,9 +103,6 @@ __all__ = [
 DTYPE_BYTES: Mapping[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
 # (weights, gradients, optimizer) bytes per parameter.
 _STATE_BYTES: Mapping[int, tuple[int, int, int]] = {2: (2, 2, 12), 4: (4, 4, 8)}
-_UNITS = {"": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-          "KI": 2**10, "MI": 2**20, "GI": 2**30, "TI": 2**40}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([KMGT]I?)?B\s*$", re.IGNORECASE)
 
 
 class Policy(str, Enum):
@@ -466,15 +464,18 @@ def plan_layers(w: Workload, hw: Hardware) -> LayerPlan:
 
 
 def parse_bytes(text: str) -> int:
-    """``"80GB"`` -> 80e9, ``"80GiB"`` -> 80 * 2**30; SI for GB, binary for GiB."""
-    match = _SIZE.match(text)
-    if match is None:
-        raise ValueError(f"invalid size {text!r}: use a number and a unit such as 80GB, 79.6GiB, 512MiB")
-    number, unit = match.groups()
-    value = int(float(number) * _UNITS[(unit or "").upper()])
-    _require(value > 0, f"invalid size {text!r}: must be positive")
-    return value
+    """``"80GB"`` -> 80e9, ``"80GiB"`` -> 80 * 2**30; SI for GB, binary for GiB.
 
+    The units are the budget's (:func:`remat_pass.budget.parse_size`); a GPU's memory must
+    name one ("80" alone is refused: 80 bytes is never what was meant).
+    """
+    message = f"invalid size {text!r}: use a positive number and a unit such as 80GB, 79.6GiB, 512MiB"
+    if not text.strip().lower().endswith("b"):
+        raise ValueError(message)
+    try:
+        return parse_size(text)
+    except InvalidBudgetError:
+        raise ValueError(message) from None
 
 
 def _require(condition: bool, message: str) -> None:

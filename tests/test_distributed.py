@@ -172,9 +172,9 @@ def _compiled_ddp(rank: int) -> dict[str, Any]:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.manual_seed(0)
-    model = Net()
-    reference = DDP(copy.deepcopy(model), bucket_cap_mb=0.001)
-    ddp = DDP(model, bucket_cap_mb=0.001)
+    model = Net(width=256)  # ~1 MiB of weights a block: DDPOptimizer's smallest bucket is 1 MiB
+    reference = DDP(copy.deepcopy(model), bucket_cap_mb=1)
+    ddp = DDP(model, bucket_cap_mb=1)
     backend = remat_pass.backend(budget=0.5)
     compiled = torch.compile(ddp, backend=backend)
     expected = _train(reference, reference, rank, "adamw", inputs_free=False, measure=False)
