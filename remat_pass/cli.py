@@ -353,6 +353,16 @@ def _add_estimate_parser(subparsers: Any) -> None:
     setup.add_argument("--dp", type=_positive_int, default=1, help="data-parallel size for --zero (default 1)")
     setup.add_argument("--zero", type=int, choices=(0, 1, 2, 3), default=0,
                        help="ZeRO stage: shard optimizer (1), +grads (2), +weights (3) over --dp (default 0)")
+    setup.add_argument("--pp", type=_positive_int, default=1,
+                       help="pipeline-parallel stages p; figures are the first stage's, which holds the most "
+                            "(default 1)")
+    setup.add_argument("--microbatches", type=_positive_int, default=1,
+                       help="micro-batches m per step through the pipeline (default 1)")
+    setup.add_argument("--schedule", choices=("1f1b", "interleaved"), default="1f1b",
+                       help="pipeline schedule: 1f1b holds min(p, m) micro-batches in flight on the first stage, "
+                            "interleaved p*(1 + (p-1)/(p*v)) (default 1f1b)")
+    setup.add_argument("--virtual-stages", type=_positive_int, default=None,
+                       help="model chunks per stage v for --schedule interleaved (default 2 there, else 1)")
     device = sub.add_argument_group("device")
     device.add_argument("--gpu-memory", type=_byte_size, required=True,
                         help="memory per GPU, with a unit: 80GB, 79.6GiB, 24000MiB")
@@ -376,7 +386,8 @@ def _run_estimate(args: argparse.Namespace) -> int:
             layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq, batch=args.batch,
             vocab=args.vocab, ffn_hidden=args.ffn_hidden, dtype=args.dtype, tp=args.tp,
             sequence_parallel=args.sequence_parallel, flash_attention=args.flash_attention,
-            dp=args.dp, zero=args.zero)
+            dp=args.dp, zero=args.zero, pp=args.pp, microbatches=args.microbatches, schedule=args.schedule,
+            virtual_stages=args.virtual_stages or (2 if args.schedule == "interleaved" else 1))
         hardware = Hardware(memory_bytes=args.gpu_memory, tflops=args.tflops,
                             pcie_gbps=args.pcie_gbps, hbm_tbps=args.hbm_tbps)
     except ValueError as e:
@@ -415,7 +426,9 @@ def _headline(plan: LayerPlan) -> str:
 
     w = plan.workload
     flags = {f"TP {w.tp}": w.tp > 1, "SP": w.sequence_parallel, "FlashAttention": w.flash_attention,
-             f"ZeRO-{w.zero} over DP {w.dp}": w.zero > 0 and w.dp > 1}
+             f"ZeRO-{w.zero} over DP {w.dp}": w.zero > 0 and w.dp > 1,
+             f"PP {w.pp} ({w.schedule}, {w.microbatches} micro-batches; first stage: {w.stage_layers} layers, "
+             f"{float(w.in_flight):g} micro-batches in flight)": w.pp > 1}
     parallel = [name for name, on in flags.items() if on]
     return (f"[bold]{w.layers} layers[/], h={w.hidden}, a={w.heads}, s={w.seq}, b={w.batch}, {w.dtype}"
             f"{', ' + ', '.join(parallel) if parallel else ''}; {plan.parameters / 1e9:.2f}B parameters; "
@@ -434,8 +447,13 @@ def _policy_table(plan: LayerPlan) -> Any:
         share = row.layers * row.extra_seconds / plan.step_seconds
         table.add_row(row.policy.value, str(row.layers), format_bytes(row.stored_bytes),
                       format_bytes(row.transient_bytes), f"{row.extra_seconds * 1e3:.2f} ms", f"{share:.2%}")
+    captions = []
     if plan.workload.flash_attention:
-        table.caption = "selective omitted: FlashAttention already drops the scores"
+        captions.append("selective omitted: FlashAttention already drops the scores")
+    if plan.workload.pp > 1:
+        captions.append(f"stored: for all {float(plan.workload.in_flight):g} micro-batches in flight; "
+                        "times per micro-batch")
+    table.caption = "; ".join(captions) or None
     return table
 
 

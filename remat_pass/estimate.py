@@ -34,6 +34,16 @@ Outside the layers (only with ``--vocab``; paper section 4.3): the embedding-dro
 ``s*b*h``, the final LayerNorm and output-projection inputs ``2 * e*s*b*h`` (all ``/t`` with SP)
 and fp32 logits ``4*s*b*V/t``.
 
+Pipeline parallelism (``--pp p``, ``--microbatches m``, ``--schedule 1f1b|interleaved``,
+``--virtual-stages v``; see ``remat_pass.schedules``): the figures are the *first* stage's, which
+holds the most. It owns ``L/p`` layers (the policies are chosen for them) and keeps each
+layer's activations for every micro-batch in flight: ``min(p, m)`` under 1F1B, ``p*(1 +
+(p-1)/(p*v))`` interleaved (Korthikanti et al. section 4), so stored bytes per layer are
+multiplied by that; a rebuilt layer's working set is one micro-batch's. Its parameters are its
+layers' plus the embedding; outside the layers it holds the embedding-dropout mask of each
+micro-batch in flight (the final norm and the logits live on the last stage, with one
+micro-batch in flight). Times are per micro-batch; the pipeline bubble is not modelled.
+
 Model state, per GPU: parameters ``P = L*(4*h^2 + 2*h*F) + V*h`` (``12*L*h^2 + V*h`` for
 ``F = 4h``; biases and norms ignored), divided by ``t``. Mixed precision Adam holds 2 bytes of
 weights, 2 of gradients and 12 of optimizer state (fp32 master, m, v) per parameter; fp32
@@ -78,12 +88,14 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
+from fractions import Fraction
 from enum import Enum
 from typing import Any, Mapping
 
 from remat_pass.budget import parse_size  # torch-free, like this module
 from remat_pass.errors import InvalidBudgetError
+from remat_pass.schedules import Schedule, check_schedule, in_flight
 from remat_pass.solvers.errors import RematError
 from remat_pass.solvers.problem import format_bytes
 
@@ -155,6 +167,10 @@ class Workload:
     flash_attention: bool = False
     dp: int = 1
     zero: int = 0
+    pp: int = 1
+    microbatches: int = 1
+    schedule: str = Schedule.ONE_F_ONE_B.value
+    virtual_stages: int = 1
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "heads", "seq", "batch", "tp", "dp"):
@@ -169,6 +185,17 @@ class Workload:
         _require(self.ffn % self.tp == 0, f"--ffn-hidden {self.ffn} is not divisible by --tp {self.tp}")
         _require(not self.sequence_parallel or self.seq % self.tp == 0,
                  f"--seq {self.seq} is not divisible by --tp {self.tp}, which --sequence-parallel needs")
+        check_schedule(self.layers, self.pp, self.microbatches, self.schedule, self.virtual_stages)
+
+    @property
+    def stage_layers(self) -> int:
+        """Layers on one pipeline stage (all of them without pipeline parallelism)."""
+        return self.layers // self.pp
+
+    @property
+    def in_flight(self) -> Fraction:
+        """Micro-batches whose activations the first stage holds at once."""
+        return in_flight(self.pp, self.microbatches, self.schedule, self.virtual_stages)
 
     @property
     def ffn(self) -> int:
@@ -302,10 +329,15 @@ def _score_bytes(w: Workload) -> int:
 
 
 def other_activation_bytes(w: Workload) -> int:
-    """Embedding-dropout mask, final norm and output-projection inputs, fp32 logits (section 4.3)."""
+    """Embedding-dropout mask, final norm and output-projection inputs, fp32 logits (section 4.3).
+
+    With pipeline parallelism: the first stage's embedding-dropout masks, one per micro-batch in flight.
+    """
     if w.vocab == 0:
         return 0
     sbh = w.seq * w.batch * w.hidden
+    if w.pp > 1:
+        return math.ceil(sbh // (w.tp if w.sequence_parallel else 1) * w.in_flight)
     around = sbh * (1 + 2 * w.elem_bytes)
     if w.sequence_parallel:
         around //= w.tp
@@ -318,9 +350,15 @@ def parameter_count(w: Workload) -> int:
     return w.layers * (4 * h * h + 2 * h * w.ffn) + w.vocab * h
 
 
+def stage_parameter_count(w: Workload) -> int:
+    """Parameters of the first pipeline stage: its ``L/p`` layers and the embedding."""
+    h = w.hidden
+    return w.stage_layers * (4 * h * h + 2 * h * w.ffn) + w.vocab * h
+
+
 def state_bytes(w: Workload) -> tuple[int, int, int]:
-    """Per-GPU (weights, gradients, optimizer) bytes after TP and ZeRO sharding."""
-    per_gpu = math.ceil(parameter_count(w) / w.tp)
+    """Per-GPU (weights, gradients, optimizer) bytes after TP, PP and ZeRO sharding."""
+    per_gpu = math.ceil(stage_parameter_count(w) / w.tp)
     weight_b, grad_b, optim_b = _STATE_BYTES[w.elem_bytes]
 
     def sharded(nbytes: int, stage: int) -> int:
@@ -341,9 +379,12 @@ def layer_forward_flops(w: Workload) -> int:
 
 
 def step_flops(w: Workload) -> int:
-    """Forward plus backward (2x forward) of all layers and the logits, one GPU, no recompute."""
-    logits = 2 * w.batch * w.seq * w.hidden * math.ceil(w.vocab / w.tp)
-    return 3 * (w.layers * layer_forward_flops(w) + logits)
+    """Forward plus backward (2x forward) of all layers and the logits, one GPU, no recompute.
+
+    With pipeline parallelism: one micro-batch through the first stage's layers (no logits).
+    """
+    logits = 2 * w.batch * w.seq * w.hidden * math.ceil(w.vocab / w.tp) if w.pp == 1 else 0
+    return 3 * (w.stage_layers * layer_forward_flops(w) + logits)
 
 
 def attention_core_flops(w: Workload) -> int:
@@ -445,11 +486,11 @@ def plan_layers(w: Workload, hw: Hardware) -> LayerPlan:
     Raises :class:`DoesNotFitError` (with the smallest memory that would fit) when even
     the leanest assignment does not.
     """
-    rows = {p: _policy_row(w, hw, p) for p in available_policies(w, hw)}
+    rows = {p: _in_flight_row(_policy_row(w, hw, p), w) for p in available_policies(w, hw)}
     weights, grads, optimizer = state_bytes(w)
     other = other_activation_bytes(w)
     fixed = weights + grads + optimizer + other
-    counts, lowest = search_counts(rows, w.layers, hw.memory_bytes - fixed)
+    counts, lowest = search_counts(rows, w.stage_layers, hw.memory_bytes - fixed)
     if counts is None:
         raise DoesNotFitError(hw.memory_bytes, fixed + lowest, weights + grads + optimizer)
     stored = sum(n * rows[p].stored_bytes for p, n in counts.items())
@@ -458,6 +499,11 @@ def plan_layers(w: Workload, hw: Hardware) -> LayerPlan:
     chosen = tuple(PolicyRow(p, counts[p], r.stored_bytes, r.transient_bytes, r.extra_seconds)
                    for p, r in rows.items())
     return LayerPlan(w, hw, chosen, memory, step_flops(w) / (hw.tflops * 1e12), parameter_count(w))
+
+
+def _in_flight_row(row: PolicyRow, w: Workload) -> PolicyRow:
+    """A layer's stored bytes for every micro-batch in flight; it is rebuilt one micro-batch at a time."""
+    return replace(row, stored_bytes=math.ceil(row.stored_bytes * w.in_flight))
 
 
 # -- small helpers ---------------------------------------------------------------------

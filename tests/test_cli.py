@@ -121,3 +121,15 @@ def test_modules_do_not_import_torch() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def test_pipeline_options(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["estimate", *SHAPE, *SHARDED, "--gpu-memory", "80GB", "--pp", "4", "--microbatches", "8", "--json"]
+    assert main([*args, "--schedule", "interleaved"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["workload"]["pp"], data["workload"]["schedule"], data["workload"]["virtual_stages"]) == (
+        4, "interleaved", 2)
+    assert sum(data["counts"].values()) == 20  # the first stage's 80 / 4 layers
+    assert main(args[:-1]) == 0
+    assert "PP 4 (1f1b, 8 micro-batches; first stage: 20 layers, 4 micro-batches in flight)" in " ".join(
+        capsys.readouterr().out.split())

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from fractions import Fraction
 
 import pytest
@@ -26,10 +27,12 @@ from remat_pass.estimate import (
     attention_core_flops,
     layer_activation_bytes,
     layer_forward_flops,
+    other_activation_bytes,
     parameter_count,
     parse_bytes,
     plan_layers,
     search_counts,
+    stage_parameter_count,
     state_bytes,
     step_flops,
 )
@@ -319,3 +322,77 @@ def test_workload_validation(kwargs: dict, message: str) -> None:
     shape = dict(layers=2, hidden=64, heads=4, seq=8)
     with pytest.raises(ValueError, match=message):
         Workload(**{**shape, **kwargs})
+
+
+# -- pipeline parallelism (Korthikanti et al. 2022, section 4) --------------------------------
+
+
+def _keep_all(w: Workload) -> LayerPlan:
+    """The plan with memory to spare: every layer keeps everything."""
+    return plan_layers(w, Hardware(memory_bytes=10**15))
+
+
+@pytest.mark.parametrize("pp", [2, 4, 8])
+def test_1f1b_first_stage_holds_the_whole_models_activations_of_one_microbatch(pp: int) -> None:
+    # L/p layers times p micro-batches in flight = L layers: the paper's point that 1F1B's
+    # first stage needs the activations of all L layers, independent of p.
+    base = dict(layers=16, hidden=1024, heads=16, seq=2048, tp=2, sequence_parallel=True)
+    single = _keep_all(Workload(**base))
+    staged = _keep_all(Workload(**base, pp=pp, microbatches=4 * pp))
+    assert staged.counts() == {NONE: 16 // pp, SEL: 0, FULL: 0, OFF: 0}
+    assert staged.memory.layer_activations == single.memory.layer_activations == 16 * layer_activation_bytes(
+        Workload(**base), NONE)
+
+
+def test_1f1b_with_fewer_microbatches_than_stages_holds_only_those() -> None:
+    w = Workload(layers=8, hidden=64, heads=4, seq=8, pp=4, microbatches=3)
+    assert w.in_flight == 3
+    assert _keep_all(w).memory.layer_activations == 2 * 3 * layer_activation_bytes(w, NONE)
+
+
+@pytest.mark.parametrize("pp,v", [(2, 2), (4, 2), (4, 4), (8, 3)])
+def test_interleaved_scales_1f1b_by_the_papers_factor(pp: int, v: int) -> None:
+    shape = dict(layers=pp * v * 2, hidden=64, heads=4, seq=8)
+    one_f_one_b = _keep_all(Workload(**shape, pp=pp, microbatches=2 * pp))
+    interleaved = _keep_all(Workload(**shape, pp=pp, microbatches=2 * pp, schedule="interleaved", virtual_stages=v))
+    factor = 1 + Fraction(pp - 1, pp * v)
+    assert Workload(**shape, pp=pp, microbatches=2 * pp, schedule="interleaved", virtual_stages=v).in_flight == pp * factor
+    stage_layers, per_layer = shape["layers"] // pp, layer_activation_bytes(Workload(**shape), NONE)
+    assert one_f_one_b.memory.layer_activations == stage_layers * per_layer * pp
+    assert interleaved.memory.layer_activations == stage_layers * math.ceil(per_layer * pp * factor)
+
+
+def test_pipeline_stage_holds_its_layers_and_the_embedding() -> None:
+    w = Workload(layers=8, hidden=64, heads=4, seq=8, vocab=100, pp=4, microbatches=4)
+    assert stage_parameter_count(w) == 2 * 12 * 64 * 64 + 100 * 64
+    assert state_bytes(w)[0] == 2 * stage_parameter_count(w)  # bf16 weights
+    assert other_activation_bytes(w) == 8 * 64 * 4  # one embedding-dropout mask per micro-batch in flight
+    assert step_flops(w) == 3 * 2 * layer_forward_flops(w)  # one micro-batch, no logits on the first stage
+
+
+def test_pipeline_tightens_the_plan() -> None:
+    base = dict(layers=32, hidden=4096, heads=32, seq=4096, tp=4, sequence_parallel=True, pp=4)
+    alone, in_flight = Workload(**base, microbatches=1), Workload(**base, microbatches=8)
+    budget = Hardware(memory_bytes=sum(state_bytes(alone)) + 8 * layer_activation_bytes(alone, NONE))
+    assert plan_layers(alone, budget).counts()[NONE] == 8
+    tight = plan_layers(in_flight, budget)
+    assert tight.counts()[NONE] < 8 and tight.memory.total <= budget.memory_bytes
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(pp=3), "not divisible by --pp 3"),
+    (dict(pp=2, microbatches=3, schedule="interleaved", virtual_stages=2), "multiple of --pp"),
+    (dict(pp=2, microbatches=2, schedule="interleaved"), "--virtual-stages 2 or more"),
+    (dict(pp=2, virtual_stages=2), "interleaved only"),
+    (dict(pp=2, microbatches=2, schedule="gpipe"), "--schedule must be one of"),
+    (dict(pp=0), "at least 1"),
+])
+def test_pipeline_validation(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        Workload(layers=8, hidden=64, heads=4, seq=8, **kwargs)
+
+
+def test_pipeline_json_round_trip() -> None:
+    w = Workload(layers=8, hidden=64, heads=4, seq=8, pp=2, microbatches=4, schedule="interleaved", virtual_stages=2)
+    plan = _keep_all(w)
+    assert LayerPlan.from_dict(json.loads(json.dumps(plan.to_dict()))) == plan
