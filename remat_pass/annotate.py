@@ -120,7 +120,8 @@ def annotate(joint: JointGraph, device: str | DeviceProfile = "cpu", *, free_inp
         backward_reads=frozenset(backward_reads),
         device=profile.name,
         forward_outputs=frozenset(ids[n] for n in outputs[: joint.num_fwd_outputs] if n in ids),
-        backward_steps=_backward_steps(graph, backward_nodes, ids, outputs[joint.num_fwd_outputs :]),
+        backward_steps=_backward_steps(graph, backward_nodes, ids, outputs[joint.num_fwd_outputs :], profile),
+        host_bytes_per_second=profile.host_link_bytes_per_second,
     )
     _store_meta(graph, backward_nodes, ids, problem)
     logger.debug(
@@ -166,11 +167,13 @@ def _graph_outputs(graph: fx.Graph) -> list[fx.Node | None]:
 
 
 def _backward_steps(
-    graph: fx.Graph, backward_nodes: set[fx.Node], ids: dict[fx.Node, int], gradients: list[fx.Node | None]
+    graph: fx.Graph, backward_nodes: set[fx.Node], ids: dict[fx.Node, int], gradients: list[fx.Node | None],
+    profile: DeviceProfile,
 ) -> tuple[BackwardStep, ...]:
-    """The backward ops in order, each with the forward values it reads and the bytes of
+    """The backward ops in order, each with the forward values it reads, the bytes of
     backward-only tensors live while it runs (allocated at their op, freed after their last
-    reader; parameter gradients and anything sharing a forward storage excluded)."""
+    reader; parameter gradients and anything sharing a forward storage excluded) and its
+    roofline time (the compute a reload from host memory can hide behind)."""
     forward_keys = {key for node in ids for key, _ in _storages(node)}
     gradient_keys = {key for node in gradients if node is not None for key, _ in _storages(node)}
     ignored = forward_keys | gradient_keys
@@ -189,10 +192,21 @@ def _backward_steps(
                 live.setdefault(key, nbytes)
         if node.op == "call_function":
             reads = tuple(sorted({ids[s] for s in node.all_input_nodes if s in ids}))
-            steps.append(BackwardStep(reads, sum(live.values())))
+            steps.append(BackwardStep(reads, sum(live.values()), _op_seconds(node, profile)))
         for key in [k for k in live if last_use.get(k, index) <= index]:
             del live[key]
     return tuple(steps)
+
+
+def _op_seconds(node: fx.Node, profile: DeviceProfile) -> float:
+    """Roofline time of one call; views and getitems move no data."""
+    val = node.meta.get("val")
+    if node.target is operator.getitem or not isinstance(val, torch.Tensor):
+        return 0.0
+    if any(isinstance(s.meta.get("val"), torch.Tensor) and _same_storage(s.meta["val"], val)
+           for s in node.all_input_nodes):
+        return 0.0
+    return profile.op_seconds(_flops(node), _bytes_moved(node), _dtype_of(val))
 
 
 def _storages(node: fx.Node) -> list[tuple[StorageWeakRef, int]]:

@@ -8,6 +8,14 @@ Views and reshapes cost nothing: they move no data.
 
 The numbers are published peak figures derated to what dense kernels typically reach; they
 rank choices, they do not predict wall time to the microsecond.
+
+The host link (for offloading activations to host memory) is per direction: PCIe Gen4 x16
+(A100) is ~25 GB/s nominal, PCIe Gen5 x16 (H100/H200 SXM and PCIe) ~50 GB/s nominal (64 GB/s
+raw before encoding and protocol overhead). Pinned-memory copies reach less, and less again
+while kernels compete for memory bandwidth: 80% of nominal is used here (20 and 40 GB/s). For a
+Grace-Hopper NVLink-C2C part (~450 GB/s) or a measured number, make a profile with
+``dataclasses.replace(get_profile("h100"), host_link_bytes_per_second=...)``. The CPU has no
+host link: its host and device memory are the same, offloading saves nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ class DeviceProfile:
     flops_per_second: dict[str, float]
     bytes_per_second: float
     launch_overhead_seconds: float
+    host_link_bytes_per_second: float = 0.0  # per direction; 0: no offload (see the module doc)
 
     def matmul_rate(self, dtype: torch.dtype) -> float:
         key = {torch.float16: "16bit", torch.bfloat16: "16bit"}.get(dtype, "32bit")
@@ -41,9 +50,10 @@ DEVICE_PROFILES: dict[str, DeviceProfile] = {
     "cpu": DeviceProfile("cpu", {"32bit": 1.0e11, "16bit": 0.5e11}, 1.5e10, 2e-6),
     # Dense tensor-core peaks (A100 312 / H100 989 / H200 989 TFLOP/s bf16), ~70% sustained;
     # fp32 without TF32; HBM bandwidth 2.0 / 3.35 / 4.8 TB/s, ~80% sustained.
-    "a100": DeviceProfile("a100", {"32bit": 19.5e12 * 0.7, "16bit": 312e12 * 0.7}, 2.0e12 * 0.8, 4e-6),
-    "h100": DeviceProfile("h100", {"32bit": 67e12 * 0.7, "16bit": 989e12 * 0.7}, 3.35e12 * 0.8, 4e-6),
-    "h200": DeviceProfile("h200", {"32bit": 67e12 * 0.7, "16bit": 989e12 * 0.7}, 4.8e12 * 0.8, 4e-6),
+    # Host link: PCIe Gen4 / Gen5 x16, 25 / 50 GB/s per direction nominal, 80% achieved.
+    "a100": DeviceProfile("a100", {"32bit": 19.5e12 * 0.7, "16bit": 312e12 * 0.7}, 2.0e12 * 0.8, 4e-6, 25e9 * 0.8),
+    "h100": DeviceProfile("h100", {"32bit": 67e12 * 0.7, "16bit": 989e12 * 0.7}, 3.35e12 * 0.8, 4e-6, 50e9 * 0.8),
+    "h200": DeviceProfile("h200", {"32bit": 67e12 * 0.7, "16bit": 989e12 * 0.7}, 4.8e12 * 0.8, 4e-6, 50e9 * 0.8),
 }
 
 

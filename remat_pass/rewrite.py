@@ -21,6 +21,7 @@ from torch._functorch import partitioners
 
 from remat_pass.solvers.problem import Plan
 
+from . import offload
 from .annotate import AnnotatedGraph, _is_symbolic, dropout_replay_sources
 from .errors import RematError
 
@@ -35,12 +36,16 @@ def rewrite(annotated: AnnotatedGraph, plan: Plan) -> tuple[fx.GraphModule, fx.G
     module, copies = _copy_module(joint.module)  # rewriting never touches the annotated graph
     nodes = [copies[node] for node in annotated.nodes]
     saved_values, saved_symbols = _saved_nodes(annotated, plan, nodes)
-    recomputed_names = {nodes[i].name for i in plan.recomputed}
+    saved_values += offload.saved_bases(annotated.problem, plan, nodes)
+    recomputed_names = {nodes[i].name for i in plan.recomputed} | offload.rebuilt_views(annotated.problem, plan, nodes)
     recomputed_names |= _replay_dropouts(module.graph, nodes, plan)
     forward, backward = _extract(module, saved_values, saved_symbols, joint.num_fwd_outputs, joint.partition_kwargs)
     _drop_unused_forward_copies(backward.graph, annotated, recomputed_names)
     _check_recomputation(backward, annotated, recomputed_names)
     _schedule_just_in_time(backward.graph, recomputed_names)
+    if plan.offloaded:
+        steps = offload.backward_step_names(joint.module.graph)
+        offload.emit(forward, backward, annotated.problem, plan, nodes, steps)
     for module in (forward, backward):
         module.graph.lint()
         module.recompile()

@@ -8,6 +8,10 @@ and the boxed backward drops each saved tensor after its last use too. Forward o
 backward reads stay alive from the forward into the backward; the user's outputs stay alive
 for the whole step.
 
+Tensors an offload sends to host memory (nodes marked ``meta["remat_offload"] == "host"`` by
+``remat_pass.offload``) are not device memory and are not counted; the device tensor they were
+sent from is freed at its wait (its last reader), the fetched copy counts from its reload on.
+
 What is counted is activation memory: parameters, buffers and inputs (the forward graph's
 placeholders, and views of them) are not, and neither are the parameter gradients the
 backward returns (reported apart as ``gradient_bytes``). Scratch space inside a kernel is not
@@ -68,6 +72,8 @@ def _storage(tensor: torch.Tensor) -> StorageWeakRef | None:
 
 
 def _storages_of(node: fx.Node) -> list[tuple[StorageWeakRef, int]]:
+    if node.meta.get("remat_offload") == "host":
+        return []  # host memory (an offloaded copy), not the device's
     found = []
     for tensor in _tensors(node.meta.get("val")):
         key = _storage(tensor)

@@ -5,6 +5,9 @@ chosen by name from ``SOLVERS`` (``solvers.registry``, which also holds each one
 
 * ``"ilp"``: exact (an integer program; see ``solvers.ilp``), honours the budget or raises;
 * ``"ilp_peak"``: the budget bounds the simulated peak of the step (``solvers.peak``);
+* ``"ilp_offload"``: keep, recompute or offload to host memory (``solvers.offload_planner``;
+  the link model in ``solvers.offload``); peak budgets: ``"ilp_peak"`` with
+  ``cap_solver="ilp_offload"``;
 * ``"fast"``: Lagrangian min-cuts shared across identical blocks, then a short ILP; for deep
   models, with an honest gap (``solvers.fast``);
 * ``"keep_all"``, ``"recompute_all"``, ``"chen_sqrt"``, ``"per_block"``, ``"selective"``:
@@ -27,6 +30,7 @@ from .errors import BudgetInfeasibleError, RematError, SolverError, SolverUnavai
 from .fast import solve_fast
 from .ilp import min_feasible_bytes, solve_ilp
 from .memory import PlanMemory, simulate_plan
+from .offload_planner import offload_solver, solve_offload
 from .peak import solve_peak
 from .problem import Plan, Problem, Value, closure_from_keep_set, format_bytes
 from .registry import SOLVER_INFO, SOLVERS, SolverFn, SolverInfo, get_solver, solver_help
@@ -59,10 +63,12 @@ __all__ = [
     "format_bytes",
     "get_solver",
     "min_feasible_bytes",
+    "offload_solver",
     "simulate_plan",
     "solve",
     "solve_fast",
     "solve_ilp",
+    "solve_offload",
     "solve_peak",
     "solver_help",
 ]

@@ -89,6 +89,7 @@ class Weights:
 
     cost: Mapping[int, float]
     storage: Mapping[int, float]
+    unit_seconds: float = 1.0  # seconds per cost unit: how other times (transfers) join the objective
 
     def evaluate(self, plan: Plan) -> float:
         """The model objective of ``plan``, so gaps compare like with like."""
@@ -107,6 +108,7 @@ def weights_for(problem: Problem) -> Weights:
     return Weights(
         cost={v: problem.values[v].recompute_seconds / unit_seconds + per_recompute for v in relevant},
         storage={s: per_byte * b for s, b in sizes.items()},
+        unit_seconds=unit_seconds,
     )
 
 
@@ -120,7 +122,7 @@ def time_weights(problem: Problem) -> tuple[Weights, float]:
     positive = [c for c in costs.values() if c > 0]
     unit = max(min(positive), sum(positive) / _MAX_COST_UNITS) if positive else 1.0
     weights = Weights(cost={v: c / unit for v, c in costs.items()},
-                      storage={s: 0.0 for s in paid_storage_bytes(problem)})
+                      storage={s: 0.0 for s in paid_storage_bytes(problem)}, unit_seconds=unit)
     return weights, unit
 
 

@@ -9,10 +9,20 @@ valid ``Plan``, saying whether that plan fits the real budget in exact integers.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 from ._mip import ABS_GAP, REL_GAP, MipResult, run_mip
-from ._model import Rounding, Weights, build, fits, plan_from, start_values
+from ._model import Model, Rounding, Weights, build, fits, plan_from, start_values
 from .problem import Plan, Problem
+
+
+class ModelExtension(Protocol):
+    """More variables and rows on the keep/recompute model, and how to read a plan back from them
+    (``offload_planner``: the host as a third place for a saved storage)."""
+
+    def add(self, model: Model) -> None: ...
+
+    def plan_from(self, problem: Problem, model: Model, result: MipResult, **fields: object) -> Plan: ...
 
 
 @dataclass(frozen=True)
@@ -48,18 +58,23 @@ def solve_once(
     threads: int | None = None,
     mip: bool = True,
     gaps: tuple[float, float] = (REL_GAP, ABS_GAP),
+    extension: ModelExtension | None = None,
 ) -> Outcome:
     """Solve the model of ``problem`` under ``budget_bytes`` (rounded by ``rounding``) once.
 
     ``weights`` None with no budget is the min-bytes model. ``start`` is used only when it fits
     the rounded budget row (a start the model rejects would only confuse the backend).
-    ``mip=False`` solves the LP relaxation (its objective bounds the MIP).
+    ``mip=False`` solves the LP relaxation (its objective bounds the MIP). ``extension`` adds to
+    the model and reads the plan back.
     """
     model = build(problem, rounding, budget_bytes, weights)
+    if extension is not None:
+        extension.add(model)
     warm = start is not None and mip and (budget_bytes is None or fits(rounding, start, budget_bytes))
     result = run_mip(model.lp, backend=backend, time_limit=max(time_limit, 0.05), threads=threads,
                      start=start_values(model, start) if warm else None, mip=mip, gaps=gaps)
     if not mip or result.status not in ("optimal", "feasible"):
         return Outcome(result)
-    plan = plan_from(problem, model, result, solver="ilp", budget_bytes=budget_bytes)
+    read = extension.plan_from if extension is not None else plan_from
+    plan = read(problem, model, result, solver="ilp", budget_bytes=budget_bytes)
     return Outcome(result, plan, budget_bytes is None or plan.kept_bytes <= budget_bytes)

@@ -10,6 +10,10 @@ graphs themselves; the tests check the two agree):
   use; a kept storage is freed after its last use; backward-only tensors (activation
   gradients) are the plan-independent ``BackwardStep.working_bytes``.
 
+An offloaded storage (``solvers.offload``) is on the device from its creation until the
+forward wait of its send (in-flight sends count), and again from the backward step that issues
+its fetch until its last use; in between it is in host memory, which is not counted here.
+
 A recomputed value is materialized once and then held: recomputing a long chain for an early
 backward step keeps the whole chain alive until its values' own last uses. That is why a plan
 that keeps fewer bytes can peak higher, and why the peak-aware planner checks plans here.
@@ -70,12 +74,24 @@ def _forward_computed(problem: Problem, kept: frozenset[int]) -> list[int]:
     return sorted(i for i in wanted if not problem.values[i].available)
 
 
+def _offload_lifetimes(problem: Problem, plan: Plan) -> tuple[dict[int, int], dict[int, int]]:
+    """Per offloaded storage: the forward value after which its send's wait frees the device
+    bytes, and the backward step that issues its fetch (device bytes allocated from then)."""
+    if not plan.offloaded:
+        return {}, {}
+    from .offload import transfer_schedule
+
+    transfers = transfer_schedule(problem, plan).transfers
+    return {t.storage: t.wait_after for t in transfers}, {t.storage: t.reload_step for t in transfers}
+
+
 def _forward_live(problem: Problem, plan: Plan) -> tuple[tuple[int, ...], set[int]]:
     """Live bytes after each forward value is computed; and the storages alive at the end."""
-    computed = _forward_computed(problem, plan.kept)
+    computed = _forward_computed(problem, plan.kept | plan.offloaded)
     in_forward = set(computed)
     values = problem.values
     survivors = {values[i].storage for i in plan.kept | (problem.forward_outputs & in_forward)}
+    sent_after, _ = _offload_lifetimes(problem, plan)
     start: dict[int, int] = {}
     end: dict[int, int] = {}
     users = problem.users
@@ -84,6 +100,7 @@ def _forward_live(problem: Problem, plan: Plan) -> tuple[tuple[int, ...], set[in
         if problem.storage_bytes[storage] == 0:
             continue
         last = max((u for u in users[i] if u in in_forward), default=i)
+        last = max(last, sent_after.get(storage, last))
         start[storage] = min(start.get(storage, i), i)
         end[storage] = max(end.get(storage, last), last)
     allocated_at: dict[int, int] = {}
@@ -156,12 +173,16 @@ def simulate_plan(problem: Problem, plan: Plan) -> PlanMemory:
     values = problem.values
     pinned = {values[i].storage for i in problem.forward_outputs} - {values[i].storage for i in plan.kept}
     pinned = {s for s in pinned if s in survivors}
+    _, fetched_at = _offload_lifetimes(problem, plan)
+    first_event = {}
+    for index, event in enumerate(events):
+        first_event.setdefault(event.step, index)
     intervals: dict[int, tuple[int, int]] = {}
     for v, last in last_use.items():
         storage = values[v].storage
         if problem.storage_bytes[storage] == 0 or storage in pinned:
             continue
-        begin = materialized.get(v, -1)
+        begin = materialized.get(v, first_event[fetched_at[storage]] if storage in fetched_at else -1)
         old = intervals.get(storage)
         intervals[storage] = (begin, last) if old is None else (min(old[0], begin), max(old[1], last))
     delta = [0] * (len(events) + 2)

@@ -154,12 +154,15 @@ def solve_peak(
     rounds: int = DEFAULT_ROUNDS,
     threads: int | None = None,
     cap_solver: str = "ilp",
+    host_budget_bytes: int | None = None,
 ) -> Decision:
     """The least recompute time whose simulated activation peak is at most ``budget_bytes``.
 
     ``cap_solver`` solves each saved-bytes cap: "ilp" (exact), or "fast" for deep models (the
     Lagrangian min-cut solver of ``solvers.mincut``; the peak-row rounds are then skipped,
-    since they extend the ILP's model).
+    since they extend the ILP's model), or "ilp_offload" (keep, recompute or offload; caps
+    bound device bytes, ``host_budget_bytes`` the host's; no peak rows either). Plans are
+    ranked by predicted extra time: recompute plus exposed transfer time.
 
     Two phases, both "solve, simulate, adjust": first a search over the saved-bytes cap (the
     peak is roughly the saved bytes plus a working set, so a secant step lands close), then a
@@ -171,9 +174,10 @@ def solve_peak(
     keep_all_memory = simulate_plan(problem, keep_all)
     if budget_bytes is None or keep_all_memory.peak_bytes <= budget_bytes:
         return _finish(keep_all, keep_all_memory, Status.OPTIMAL, 0.0)
-    if cap_solver not in ("ilp", "fast"):
-        raise ValueError(f"cap_solver must be 'ilp' or 'fast', got {cap_solver!r}")
+    if cap_solver not in ("ilp", "fast", "ilp_offload"):
+        raise ValueError(f"cap_solver must be 'ilp', 'fast' or 'ilp_offload', got {cap_solver!r}")
     search = _Search(problem, budget_bytes, resolve_backend(backend), began + time_limit, threads, cap_solver)
+    search.host_budget_bytes = host_budget_bytes
     search.candidates += [_Candidate(p, simulate_plan(problem, p)) for p in baselines.heuristic_plans(problem)]
     search.over_saved_cap(keep_all_memory)
     if search.overshooting_cap is not None and cap_solver == "ilp":
@@ -187,7 +191,7 @@ def solve_peak(
         if not fitting:
             lowest = min(c.memory.peak_bytes for c in probes)
             raise BudgetInfeasibleError(budget_bytes, lowest, keep_all_memory.peak_bytes, kind="peak")
-    best = min(fitting, key=lambda c: (c.plan.recompute_seconds, c.memory.peak_bytes, c.plan.kept_bytes))
+    best = min(fitting, key=lambda c: (c.plan.predicted_extra_seconds, c.memory.peak_bytes, c.plan.kept_bytes))
     status, gap = (Status.OPTIMAL, 0.0) if best is search.proven else (Status.FEASIBLE, None)
     return _finish(best.plan, best.memory, status, gap)
 
@@ -203,6 +207,7 @@ class _Search:
         self.overshooting_cap: int | None = None
         self.proven: _Candidate | None = None
         self.floor = 0  # no cap below the smallest feasible saved bytes makes sense
+        self.host_budget_bytes: int | None = None  # for cap_solver "ilp_offload"
 
     def _left(self) -> float:
         return self.deadline - time.perf_counter()
@@ -215,6 +220,11 @@ class _Search:
         try:
             if self.cap_solver == "fast":
                 plan = solve_fast(self.problem, cap, time_limit=seconds, backend=self.backend)
+            elif self.cap_solver == "ilp_offload":
+                from .offload_planner import solve_offload
+
+                plan = solve_offload(self.problem, cap, time_limit=seconds, backend=self.backend, threads=self.threads,
+                                     host_budget_bytes=self.host_budget_bytes)
             else:
                 plan = solve_ilp(self.problem, cap, time_limit=seconds, backend=self.backend, threads=self.threads)
         except BudgetInfeasibleError as error:

@@ -72,6 +72,7 @@ class BackwardStep:
 
     reads: tuple[int, ...]
     working_bytes: int = 0
+    seconds: float = 0.0  # the op's roofline time: backward compute that can hide a reload
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,8 @@ class Problem:
     ``storage_bytes[s]`` is the size of storage ``s``; available storages are 0.
     ``forward_outputs`` (values the forward returns to the user or to buffers) and
     ``backward_steps`` (the backward pass in order) feed the peak-memory model; planners that
-    only bound saved bytes ignore them.
+    only bound saved bytes ignore them. ``host_bytes_per_second`` is the device's host link,
+    per direction (0: no offload, as on a CPU, whose host and device memory are the same).
     """
 
     values: tuple[Value, ...]
@@ -90,6 +92,7 @@ class Problem:
     device: str = "cpu"
     forward_outputs: frozenset[int] = frozenset()
     backward_steps: tuple[BackwardStep, ...] = ()
+    host_bytes_per_second: float = 0.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -141,8 +144,11 @@ class Problem:
 class Plan:
     """Which forward values to keep and which to recompute, and what that is predicted to cost.
 
-    ``kept`` holds the non-available values saved for backward; available values backward or a
-    recomputation reads are implicit. Invalid plans cannot be built: see ``check``.
+    ``kept`` holds the non-available values saved for backward on the device; available values
+    backward or a recomputation reads are implicit. ``offloaded`` holds values saved for
+    backward in host memory (sent over the host link in forward, fetched back before backward
+    needs them; ``solvers.offload``): a storage is either kept or offloaded, never both.
+    Invalid plans cannot be built: see ``check``.
     """
 
     problem: Problem = field(repr=False)
@@ -155,6 +161,8 @@ class Plan:
     budget_bytes: int | None = None
     budget_kind: BudgetKind = BudgetKind.SAVED  # what the budget bounds: kept bytes, or the simulated step peak
     predicted_peak_bytes: int | None = None
+    offloaded: frozenset[int] = frozenset()
+    host_budget_bytes: int | None = None
 
     def __post_init__(self) -> None:
         # Plain strings are accepted (a plan read back from JSON); an unknown one is a ValueError.
@@ -174,7 +182,8 @@ class Plan:
         for i in self.recomputed:
             if not values[i].recomputable:
                 raise ValueError(f"{values[i].name!r} is recomputed but must not be (random op or side effect)")
-        have = self.kept | self.recomputed
+        self._check_offloaded()
+        have = self.kept | self.recomputed | self.offloaded
         needed = set(self.problem.backward_reads)
         for i in self.recomputed:
             needed.update(values[i].inputs)
@@ -182,10 +191,49 @@ class Plan:
         if missing:
             raise ValueError(f"backward needs values that are neither kept nor recomputed: {missing[:10]}")
 
+    def _check_offloaded(self) -> None:
+        values = self.problem.values
+        for i in self.offloaded & (self.kept | self.recomputed):
+            raise ValueError(f"{values[i].name!r} is offloaded and also kept or recomputed")
+        for i in self.offloaded:
+            if not values[i].keepable or values[i].available:
+                raise ValueError(f"{values[i].name!r} is offloaded but is not keepable (or is available anyway)")
+        shared = {values[i].storage for i in self.offloaded} & {values[i].storage for i in self.kept}
+        if shared:
+            raise ValueError(f"storages both kept on the device and offloaded: {sorted(shared)[:10]} "
+                             "(a storage is offloaded once, with all its views)")
+        if self.offloaded and self.problem.host_bytes_per_second <= 0:
+            raise ValueError(f"offloaded values on device {self.problem.device!r}, which has no host link")
+
     @property
     def kept_bytes(self) -> int:
-        """Predicted bytes saved for backward (storages counted once)."""
+        """Predicted device bytes saved for backward (storages counted once; offloaded ones not)."""
         return self.problem.bytes_of(self.kept)
+
+    @property
+    def offloaded_bytes(self) -> int:
+        """Bytes saved for backward in host memory: also the host memory the plan needs
+        (pinned buffers, all alive between forward and backward)."""
+        return self.problem.bytes_of(self.offloaded)
+
+    @property
+    def host_bytes(self) -> int:
+        """Host memory the plan holds at its peak (between forward and backward)."""
+        return self.offloaded_bytes
+
+    @property
+    def exposed_transfer_seconds(self) -> float:
+        """Predicted transfer time not hidden behind compute (``solvers.offload``'s link model)."""
+        if not self.offloaded:
+            return 0.0
+        from .offload import transfer_schedule
+
+        return transfer_schedule(self.problem, self).exposed_seconds
+
+    @property
+    def predicted_extra_seconds(self) -> float:
+        """What the plan adds to the step: recompute time plus exposed transfer time."""
+        return self.recompute_seconds + self.exposed_transfer_seconds
 
     @property
     def keep_all_bytes(self) -> int:
@@ -221,6 +269,9 @@ class Plan:
             f"  recomputed      {len(self.recomputed)} values, {self.recompute_flops / 1e6:.2f} MFLOP, "
             f"~{self.recompute_seconds * 1e3:.3f} ms estimated",
         ]
+        if self.offloaded:
+            lines.append(f"  offloaded       {format_bytes(self.offloaded_bytes)} to host memory in {len(self.offloaded)} "
+                         f"values, ~{self.exposed_transfer_seconds * 1e3:.3f} ms of transfer not hidden by compute")
         if self.predicted_peak_bytes is not None:
             lines.append(f"  predicted peak  {format_bytes(self.predicted_peak_bytes)} of activation memory in the step")
         sized = sorted(self.kept, key=lambda i: (-self.problem.storage_bytes[values[i].storage], i))
@@ -248,9 +299,8 @@ class Plan:
 
         The label is ``"none"`` (nothing recomputed), ``"full"`` (the module recomputes and keeps
         nothing but values other modules read: checkpointing, as ``torch.utils.checkpoint``
-        would) or ``"selective"`` (it keeps some of its own intermediates and recomputes others).
-        ``"offload"`` never appears: the traced planner keeps or recomputes; offload exists only
-        in ``remat-pass estimate``'s analytic model.
+        would), ``"selective"`` (it keeps some of its own intermediates and recomputes others)
+        or ``"offload"`` (it sends at least as many bytes to host memory as it recomputes).
 
         >>> x = Value(0, "x", (), storage=0, available=True)
         >>> h = Value(1, "h", (0,), storage=1, flops=8, module="block")
@@ -289,8 +339,12 @@ class Plan:
             "kept_fraction": self.kept_fraction,
             "recompute_seconds": self.recompute_seconds,
             "recompute_flops": self.recompute_flops,
+            "offloaded_bytes": self.offloaded_bytes,
+            "host_bytes": self.host_bytes,
+            "exposed_transfer_seconds": self.exposed_transfer_seconds,
             "kept": [entry(i) for i in sorted(self.kept)],
             "recomputed": [entry(i) for i in sorted(self.recomputed)],
+            "offloaded": [entry(i) for i in sorted(self.offloaded)],
             "per_module": [dataclasses.asdict(row) for row in self.per_module(depth)],
         }
 
@@ -299,7 +353,7 @@ class Plan:
         return json.dumps(self.to_dict(depth), indent=indent)
 
 
-POLICY_NONE, POLICY_SELECTIVE, POLICY_FULL = "none", "selective", "full"
+POLICY_NONE, POLICY_SELECTIVE, POLICY_FULL, POLICY_OFFLOAD = "none", "selective", "full", "offload"
 
 
 @dataclass(frozen=True)
@@ -320,6 +374,7 @@ class ModuleRow:
     recompute_flops: int
     kept_values: int
     recomputed_values: int
+    offloaded_bytes: int = 0
 
 
 def _module_rows(plan: Plan, depth: int | None) -> list[ModuleRow]:
@@ -336,7 +391,8 @@ def _module_rows(plan: Plan, depth: int | None) -> list[ModuleRow]:
             order.setdefault(group[value.id], None)
 
     kept = {values[i].storage for i in plan.kept}
-    recomputed = {values[i].storage for i in plan.recomputed} - kept
+    offloaded = {values[i].storage for i in plan.offloaded}
+    recomputed = {values[i].storage for i in plan.recomputed} - kept - offloaded
     keep_all = {values[i].storage for i in problem.backward_reads}
     # A storage other modules read (not merely as a view) is the module's output: a checkpointed
     # module still keeps its output, as the next module's input.
@@ -358,7 +414,10 @@ def _module_rows(plan: Plan, depth: int | None) -> list[ModuleRow]:
         if name not in owners and seconds == 0 and flops == 0:
             continue  # only views and detaches of others' storages (the backward's own "" nodes)
         recomputed_bytes = charged(recomputed, name)
-        if recomputed_bytes == 0 and seconds == 0 and flops == 0:
+        offloaded_bytes = charged(offloaded, name)
+        if offloaded_bytes > 0 and offloaded_bytes >= recomputed_bytes:
+            policy = POLICY_OFFLOAD
+        elif recomputed_bytes == 0 and seconds == 0 and flops == 0:
             policy = POLICY_NONE
         elif charged(kept - exported, name) == 0:
             policy = POLICY_FULL
@@ -368,6 +427,7 @@ def _module_rows(plan: Plan, depth: int | None) -> list[ModuleRow]:
             module=name, policy=policy, kept_bytes=charged(kept, name), recomputed_bytes=recomputed_bytes,
             keep_all_bytes=charged(keep_all, name), recompute_seconds=seconds, recompute_flops=flops,
             kept_values=sum(1 for i in plan.kept if group[i] == name), recomputed_values=len(mine),
+            offloaded_bytes=offloaded_bytes,
         ))
     return rows
 

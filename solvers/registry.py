@@ -35,7 +35,8 @@ class Decision:
 
     ``source`` names the planner that produced the sets when it is not this one (``ilp_peak``
     picks among several), stamped as ``"name/source"``; ``predicted_peak_bytes`` is set by
-    planners that simulate the peak.
+    planners that simulate the peak. ``offloaded`` and ``host_budget_bytes``: planners that
+    offload (``solvers.offload_planner``).
     """
 
     kept: frozenset[int]
@@ -44,9 +45,13 @@ class Decision:
     gap: float | None = None
     source: str | None = None
     predicted_peak_bytes: int | None = None
+    offloaded: frozenset[int] = frozenset()
+    host_budget_bytes: int | None = None
 
     @classmethod
     def of(cls, plan: Plan, status: Status, gap: float | None, **fields: object) -> Decision:
+        fields.setdefault("offloaded", plan.offloaded)
+        fields.setdefault("host_budget_bytes", plan.host_budget_bytes)
         return cls(kept=plan.kept, recomputed=plan.recomputed, status=Status(status), gap=gap, **fields)
 
 
@@ -119,7 +124,8 @@ def _stamp(problem: Problem, info: SolverInfo, decision: Decision, budget: int |
     solver = info.name if decision.source in (None, info.name) else f"{info.name}/{decision.source}"
     plan = Plan(problem=problem, kept=decision.kept, recomputed=decision.recomputed, solver=solver,
                 status=Status(decision.status), gap=decision.gap, solve_seconds=seconds, budget_bytes=budget,
-                budget_kind=info.bounds or BudgetKind.SAVED, predicted_peak_bytes=decision.predicted_peak_bytes)
+                budget_kind=info.bounds or BudgetKind.SAVED, predicted_peak_bytes=decision.predicted_peak_bytes,
+                offloaded=decision.offloaded, host_budget_bytes=decision.host_budget_bytes)
     if budget is not None and info.bounds is not None:
         used = plan.kept_bytes if info.bounds is BudgetKind.SAVED else plan.predicted_peak_bytes
         if used is not None and used > budget:
