@@ -61,6 +61,8 @@ class RematModule(nn.Module):
         device: str | DeviceProfile,
         time_limit: float,
         budget_kind: str = "auto",
+        offload: bool = False,
+        host_budget: object = None,
         **solver_options: Any,
     ) -> None:
         super().__init__()
@@ -70,7 +72,7 @@ class RematModule(nn.Module):
         self._last_signature: Signature | None = None
         self._backend = RematBackend(
             budget, inner=inner, solver=solver, device=device, time_limit=time_limit, budget_kind=budget_kind,
-            on_plan=self._record_plan, free_inputs=True, **solver_options,
+            on_plan=self._record_plan, free_inputs=True, offload=offload, host_budget=host_budget, **solver_options,
         )
         # Not a registered submodule: its parameters are the original's.
         object.__setattr__(self, "_compiled", torch.compile(module, backend=self._backend, fullgraph=True, dynamic=False))
@@ -154,6 +156,8 @@ def optimize(
     device: str | DeviceProfile = "cpu",
     time_limit: float = 60.0,
     budget_kind: str = "auto",
+    offload: bool = False,
+    host_budget: object = None,
     **solver_options: Any,
 ) -> RematModule:
     """Wrap ``model`` so that its training step keeps at most ``budget`` activation bytes.
@@ -164,6 +168,12 @@ def optimize(
     (a peak fraction is relative to the un-rematerialized step's peak). The plan is made on the
     first call (or now, from ``example_inputs``); an impossible budget raises
     BudgetInfeasibleError with the smallest feasible one. ``device`` picks the cost model.
+
+    ``offload=True`` lets the planner also send saved activations to host memory over the
+    device's host link where the transfer hides behind compute (``device`` must have one, e.g.
+    "h100"; ``host_budget`` bounds the host bytes). On CUDA the step uses PyTorch's
+    ``torch.ops.ao`` offload ops; on the CPU a copy stands in for the transfer, so a model on
+    the CPU can be planned for an H100 and checked against eager.
 
     >>> import remat_pass
     >>> from remat_pass.examples import gpt_example, lm_loss
@@ -178,7 +188,7 @@ def optimize(
     reject_wrapped_model(model)
     optimized = RematModule(
         model, budget, inner=inner, solver=solver, device=device, time_limit=time_limit,
-        budget_kind=budget_kind, **solver_options,
+        budget_kind=budget_kind, offload=offload, host_budget=host_budget, **solver_options,
     )
     if example_inputs is not None:
         if not isinstance(example_inputs, tuple):

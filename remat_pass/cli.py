@@ -106,7 +106,7 @@ def _add_explain_parser(subparsers: Any) -> None:
         help="trace a model from a Python file; show per module what a budget keeps and recomputes",
         description="Trace one training step of the model FACTORY builds (nothing is trained), plan it for "
         "--budget and print per nn.Module: bytes kept, bytes recomputed, estimated recompute cost and a "
-        "policy label (none / selective / full).",
+        "policy label (none / selective / full / offload).",
         epilog="FACTORY is a function in FILE.py returning (model, example_inputs) or (model, example_inputs, "
         "loss_fn); example_inputs is a tuple or one tensor; loss_fn(output, *example_inputs) is traced with "
         "the model. Exit status: 0 planned, 1 planning failed (e.g. an infeasible budget), 2 bad arguments.")
@@ -123,6 +123,9 @@ def _add_explain_parser(subparsers: Any) -> None:
     sub.add_argument("--budget-kind", choices=("auto", "saved", "peak"), default="auto",
                      help="what the budget bounds: saved bytes or the step's peak (auto: a fraction bounds "
                      "saved bytes, a size the peak)")
+    sub.add_argument("--offload", action="store_true",
+                     help="let the planner also send saved activations to host memory (needs a --device with a "
+                     "host link: a100, h100, h200); modules that do are labelled 'offload'")
     sub.add_argument("--json", action="store_true", help="print a machine-readable dict instead of the table")
     sub.add_argument("--plot", metavar="DIR", default=None,
                      help="also sweep budgets and write DIR/pareto.png (needs matplotlib)")
@@ -193,18 +196,20 @@ def _run_explain(args: argparse.Namespace) -> int:
     from remat_pass.costs import get_profile
     from remat_pass.errors import BudgetInfeasibleError, InvalidBudgetError, RematError
     from remat_pass.explain import explain_traced
+    from remat_pass.offload import check_offload_options
     from remat_pass.pipeline import trace_step
 
     logging.basicConfig(level=logging.WARNING)
     try:
         budget = parse_budget(_budget_argument(args.budget))
         get_profile(args.device)
+        check_offload_options(args.offload, args.device, args.solver)
     except (InvalidBudgetError, ValueError) as e:
         raise _UsageError(str(e)) from e
     if args.solver not in solvers.SOLVERS:
         raise _UsageError(f"unknown solver {args.solver!r}; choose one of {', '.join(sorted(solvers.SOLVERS))}")
     model, inputs, loss_fn = _load_factory(args.target)
-    options = {"time_limit": args.time_limit, "budget_kind": args.budget_kind}
+    options = {"time_limit": args.time_limit, "budget_kind": args.budget_kind, "offload": args.offload}
     try:
         with _stdout_to_stderr():
             traced = trace_step(model, inputs, loss_fn=loss_fn, device=args.device)
@@ -219,6 +224,8 @@ def _run_explain(args: argparse.Namespace) -> int:
     except RematError as e:
         print(f"{PROG} explain: {e}", file=sys.stderr)
         return 1
+    except ValueError as e:  # e.g. --offload on a device without a host link
+        raise _UsageError(str(e)) from e
     written: list[str] = []
     if args.plot is not None:
         try:

@@ -20,6 +20,7 @@ from remat_pass.solvers.problem import Plan
 from .budget import parse_budget
 from .capture import INNER_COMPILERS, JointGraph, make_dynamo_backend
 from .costs import DeviceProfile
+from .offload import check_offload_options, parse_host_budget
 from .pipeline import DEFAULT_BUDGET, DEFAULT_TIME_LIMIT, BudgetKind, PlanOptions, plan_joint_graph, resolve_budget_kind
 
 class RematBackend:
@@ -40,6 +41,8 @@ class RematBackend:
         budget_kind: str = BudgetKind.AUTO,
         on_plan: Callable[[Plan], None] | None = None,
         free_inputs: bool = False,
+        offload: bool = False,
+        host_budget: object = None,
         **solver_options: Any,
     ) -> None:
         if inner not in INNER_COMPILERS:
@@ -48,7 +51,9 @@ class RematBackend:
             raise ValueError(f"unknown solver {solver!r}; choose one of {sorted(solvers.SOLVERS)}")
         parsed = parse_budget(budget)
         resolve_budget_kind(parsed, budget_kind)  # reject a bad kind now, not at the first call
-        self.options = PlanOptions(parsed, solver, device, time_limit, budget_kind, solver_options, free_inputs)
+        check_offload_options(offload, device, solver)
+        self.options = PlanOptions(parsed, solver, device, time_limit, budget_kind, solver_options, free_inputs,
+                                   offload=offload, host_budget_bytes=parse_host_budget(host_budget))
         self.inner = inner
         self.plans: list[Plan] = []
         self._on_plan = on_plan

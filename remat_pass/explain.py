@@ -125,6 +125,7 @@ def explain_traced(
     *,
     depth: int | None = None,
     budget_kind: str = BudgetKind.AUTO,
+    offload: bool = False,
     **solver_options: Any,
 ) -> Explanation:
     """``explain`` for a step already traced (``trace_step``); raises BudgetInfeasibleError.
@@ -136,7 +137,8 @@ def explain_traced(
     if depth is not None and depth < 1:
         raise ValueError(f"depth must be a positive number of path parts or None, got {depth}")
     time_limit = solver_options.pop("time_limit", DEFAULT_TIME_LIMIT)
-    options = PlanOptions(parsed, solver, traced.problem.device, time_limit, budget_kind, solver_options)
+    options = PlanOptions(parsed, solver, traced.problem.device, time_limit, budget_kind, solver_options,
+                          offload=offload)
     plan = plan_problem(traced.problem, options).plan
     return Explanation(plan=plan, budget=parsed, step_flops=traced.step_flops, depth=depth)
 

@@ -102,6 +102,31 @@ def _wait_copy_fake(tensor: torch.Tensor, keepalive: torch.Tensor | None = None)
 fx.node.has_side_effect(torch.ops.remat_pass.wait_copy.default)
 
 
+def check_offload_options(offload: bool, device: Any, solver: str) -> None:
+    """Reject ``offload=True`` where it cannot work (ValueError), before anything is traced."""
+    if not offload:
+        return
+    from remat_pass.solvers.offload_planner import require_offload
+
+    from .costs import get_profile
+
+    profile = get_profile(device)
+    require_offload(profile.name, profile.host_link_bytes_per_second, solver)
+
+
+def parse_host_budget(host_budget: object) -> int | None:
+    """``host_budget`` for the front doors: None (unlimited), bytes, or a size like "64GB"."""
+    if host_budget is None:
+        return None
+    from .budget import parse_budget
+    from .errors import InvalidBudgetError
+
+    parsed = parse_budget(host_budget)
+    if parsed.nbytes is None:
+        raise InvalidBudgetError(f"host_budget is a size in bytes (an int, or a string like '64GB'), got {host_budget!r}")
+    return parsed.nbytes
+
+
 # --- choosing the ops ---------------------------------------------------------------------------
 
 

@@ -86,6 +86,10 @@ class PlanOptions:
     # The default budget is a preference, not a user's promise: when a graph cannot meet it,
     # plan at the smallest feasible budget instead of failing the compile (and say so).
     clamp_to_feasible: bool = False
+    # Offload: saved values may also go to host memory (solvers.offload_planner; emitted by
+    # remat_pass.offload), within host_budget_bytes (None: unlimited).
+    offload: bool = False
+    host_budget_bytes: int | None = None
 
 
 # --- the budget -------------------------------------------------------------------------------
@@ -171,10 +175,13 @@ def plan_problem(problem: Problem, options: PlanOptions) -> Planned:
 def _solve(problem: Problem, options: PlanOptions, budget: ResolvedBudget) -> Planned:
     extra = dict(options.solver_options)
     solver = options.solver
-    if solver in ("ilp", "fast") and budget.kind is BudgetKind.PEAK:
+    if options.offload:
+        solver, offload_options = solvers.offload_solver(problem, solver, peak=budget.kind is BudgetKind.PEAK)
+        extra.update(offload_options, host_budget_bytes=options.host_budget_bytes)
+    elif solver in ("ilp", "fast") and budget.kind is BudgetKind.PEAK:
         extra["cap_solver"] = solver  # the peak search solves saved-bytes caps with this solver
         solver = "ilp_peak"
-    if solver in ("ilp", "ilp_peak", "fast"):
+    if solver in ("ilp", "ilp_peak", "fast", "ilp_offload", "ilp_offload_peak"):
         extra.setdefault("time_limit", options.time_limit)
     if budget.kind is BudgetKind.PEAK:
         try:

@@ -39,6 +39,7 @@ from remat_pass.solvers.problem import Plan, Problem, format_bytes
 
 from .budget import parse_budget
 from .costs import DeviceProfile
+from .offload import check_offload_options, parse_host_budget
 from .pipeline import (
     DEFAULT_BUDGET,
     DEFAULT_TIME_LIMIT,
@@ -85,6 +86,8 @@ def plan(
     time_limit: float = DEFAULT_TIME_LIMIT,
     verbose: bool = False,
     depth: int | None = None,
+    offload: bool = False,
+    host_budget: object = None,
     **solver_options: Any,
 ) -> Plan:
     """Decide what ``model``'s training step keeps and recomputes under ``budget``; run nothing.
@@ -95,11 +98,13 @@ def plan(
     Parameters, buffers and inputs on the meta device are traced as fake tensors, nothing is
     allocated; real tensors run one forward on their device. ``loss_fn(output, *inputs)`` makes
     the loss part of the planned step. ``verbose`` prints ``report(plan)`` per module at ``depth``.
+    ``offload=True`` also lets saved values go to host memory (``optimize``'s option).
 
     Raises BudgetInfeasibleError (with the smallest feasible budget) when nothing fits.
     """
     report_ = plan_with_report(model, example_inputs, budget, device=device, solver=solver, budget_kind=budget_kind,
-                               loss_fn=loss_fn, time_limit=time_limit, **solver_options)
+                               loss_fn=loss_fn, time_limit=time_limit, offload=offload, host_budget=host_budget,
+                               **solver_options)
     if verbose:
         print(report_.render(depth=depth))
     return report_.plan
@@ -115,6 +120,8 @@ def plan_with_report(
     budget_kind: str = BudgetKind.AUTO,
     loss_fn: LossFn | None = None,
     time_limit: float = DEFAULT_TIME_LIMIT,
+    offload: bool = False,
+    host_budget: object = None,
     **solver_options: Any,
 ) -> PlanReport:
     """``plan`` plus the step's FLOPs and forward time, for ``PlanReport.render``."""
@@ -122,11 +129,13 @@ def plan_with_report(
         raise ValueError(f"unknown solver {solver!r}; choose one of {', '.join(sorted(solvers.SOLVERS))}")
     parsed = parse_budget(budget)
     resolve_budget_kind(parsed, budget_kind)  # reject a bad kind before tracing
+    check_offload_options(offload, device, solver)
     with traceable(model, as_inputs(example_inputs)) as inputs:
         # Always through trace_step's loss wrapper: module paths then read as the model names them,
         # even when the model's forward is itself wrapped (Hugging Face decorators).
         traced = trace_step(model, inputs, loss_fn=loss_fn or _output, device=device)
-    options = PlanOptions(parsed, solver, device, time_limit, budget_kind, dict(solver_options))
+    options = PlanOptions(parsed, solver, device, time_limit, budget_kind, dict(solver_options), offload=offload,
+                          host_budget_bytes=parse_host_budget(host_budget))
     made = plan_problem(traced.problem, options).plan
     forward = sum(v.recompute_seconds for v in traced.problem.values if not v.available)
     return PlanReport(made, traced.step_flops, forward, traced.pieces)
@@ -233,6 +242,9 @@ def report(plan: Plan, *, depth: int | None = None, step_flops: int | None = Non
     if plan.predicted_peak_bytes is not None:
         lines.append(f"  predicted peak   {format_bytes(plan.predicted_peak_bytes)} of activation memory in the step "
                      "(activations, their gradients and recomputed temporaries; no weights or optimizer state)")
+    if plan.offloaded:
+        lines.append(f"  offloaded        {format_bytes(plan.offloaded_bytes)} to host memory, "
+                     f"{plan.exposed_transfer_seconds * 1e3:.3f} ms of transfer not hidden by compute")
     overhead = f"  recompute        {plan.recompute_seconds * 1e3:.3f} ms ({problem.device} roofline), " \
                f"{format_flops(plan.recompute_flops)}"
     if step_flops:
