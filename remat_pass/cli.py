@@ -209,11 +209,12 @@ def _run_explain(args: argparse.Namespace) -> int:
     if args.solver not in solvers.SOLVERS:
         raise _UsageError(f"unknown solver {args.solver!r}; choose one of {', '.join(sorted(solvers.SOLVERS))}")
     model, inputs, loss_fn = _load_factory(args.target)
-    options = {"time_limit": args.time_limit, "budget_kind": args.budget_kind, "offload": args.offload}
+    options = {"time_limit": args.time_limit, "budget_kind": args.budget_kind}
     try:
         with _stdout_to_stderr():
             traced = trace_step(model, inputs, loss_fn=loss_fn, device=args.device)
-            explanation = explain_traced(traced, budget, args.solver, depth=args.depth, **options)
+            explanation = explain_traced(traced, budget, args.solver, depth=args.depth, offload=args.offload,
+                                         **options)
     except BudgetInfeasibleError as e:
         if args.json:
             print(json.dumps({"error": "infeasible", "message": str(e), "budget_bytes": e.budget_bytes,

@@ -37,8 +37,8 @@ from remat_pass.solvers.baselines import articulation_chain, block_of
 from remat_pass.solvers.problem import TAG_ATTENTION_CORE, TAG_RANDOM, TAG_VIEW
 
 # "ilp_peak" bounds the simulated peak, not saved bytes: tests/test_peak.py covers it.
-SAVED_SOLVERS = sorted(name for name in SOLVERS if name != "ilp_peak")
-HEURISTICS = sorted(name for name in SAVED_SOLVERS if name not in ("ilp", "fast"))
+SAVED_SOLVERS = sorted(name for name in SOLVERS if name not in ("ilp_peak", "ilp_offload_peak"))
+HEURISTICS = sorted(name for name in SAVED_SOLVERS if name not in ("ilp", "fast", "ilp_offload"))
 BACKENDS = ("highs", "cbc")
 
 
@@ -293,7 +293,7 @@ def test_random_values_are_kept_not_recomputed() -> None:
 @pytest.mark.parametrize("solver", SAVED_SOLVERS)
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_every_planner_returns_a_valid_plan(case: Case, solver: str) -> None:
-    budget = case.problem.keep_all_bytes() if solver in ("ilp", "fast") else 7
+    budget = case.problem.keep_all_bytes() if solver in ("ilp", "fast", "ilp_offload") else 7
     plan = solve(case.problem, budget, solver)
     plan.check()
     assert isinstance(plan, Plan)
@@ -533,4 +533,5 @@ def test_public_api() -> None:
     for name in ("Problem", "Value", "Plan", "closure_from_keep_set", "format_bytes", "solve", "SOLVERS",
                  "min_feasible_bytes", "BudgetInfeasibleError", "SolverError", "SolverUnavailableError", "RematError"):
         assert hasattr(solvers, name), name
-    assert set(SOLVERS) == {"ilp", "ilp_peak", "fast", "keep_all", "recompute_all", "chen_sqrt", "per_block", "selective"}
+    assert set(SOLVERS) == {"ilp", "ilp_peak", "fast", "ilp_offload", "ilp_offload_peak", "keep_all", "recompute_all",
+                            "chen_sqrt", "per_block", "selective"}
