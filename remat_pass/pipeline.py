@@ -181,7 +181,7 @@ def _solve(problem: Problem, options: PlanOptions, budget: ResolvedBudget) -> Pl
     elif solver in ("ilp", "fast") and budget.kind is BudgetKind.PEAK:
         extra["cap_solver"] = solver  # the peak search solves saved-bytes caps with this solver
         solver = "ilp_peak"
-    if solver in ("ilp", "ilp_peak", "fast", "ilp_offload", "ilp_offload_peak"):
+    if solver in ("ilp", "ilp_peak", "fast", "ilp_offload"):
         extra.setdefault("time_limit", options.time_limit)
     if budget.kind is BudgetKind.PEAK:
         try:

@@ -76,7 +76,7 @@ def test_gradients_through_the_stand_in_are_bit_exact_with_dropout(budget, kind)
     actual = run_step(model, optimized, inputs, _loss)
     _assert_bit_exact(actual, expected)
     plan = optimized.plan
-    assert plan.offloaded and plan.solver.startswith("ilp_offload")
+    assert plan.offloaded and "ilp_offload" in plan.solver
     assert plan.offloaded_bytes > 0 and plan.host_bytes == plan.offloaded_bytes
     if kind == "saved":
         assert plan.kept_bytes <= budget * plan.keep_all_bytes

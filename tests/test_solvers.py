@@ -37,7 +37,7 @@ from remat_pass.solvers.baselines import articulation_chain, block_of
 from remat_pass.solvers.problem import TAG_ATTENTION_CORE, TAG_RANDOM, TAG_VIEW
 
 # "ilp_peak" bounds the simulated peak, not saved bytes: tests/test_peak.py covers it.
-SAVED_SOLVERS = sorted(name for name in SOLVERS if name not in ("ilp_peak", "ilp_offload_peak"))
+SAVED_SOLVERS = sorted(name for name in SOLVERS if name != "ilp_peak")
 HEURISTICS = sorted(name for name in SAVED_SOLVERS if name not in ("ilp", "fast", "ilp_offload"))
 BACKENDS = ("highs", "cbc")
 
@@ -533,5 +533,5 @@ def test_public_api() -> None:
     for name in ("Problem", "Value", "Plan", "closure_from_keep_set", "format_bytes", "solve", "SOLVERS",
                  "min_feasible_bytes", "BudgetInfeasibleError", "SolverError", "SolverUnavailableError", "RematError"):
         assert hasattr(solvers, name), name
-    assert set(SOLVERS) == {"ilp", "ilp_peak", "fast", "ilp_offload", "ilp_offload_peak", "keep_all", "recompute_all",
+    assert set(SOLVERS) == {"ilp", "ilp_peak", "fast", "ilp_offload", "keep_all", "recompute_all",
                             "chen_sqrt", "per_block", "selective"}

@@ -16,7 +16,7 @@ from tests.test_solvers import oracle, oracle_min_bytes
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # "ilp_peak" bounds the simulated peak, not saved bytes: tests/test_peak.py covers it.
-SAVED_SOLVERS = sorted(name for name in SOLVERS if name not in ("ilp_peak", "ilp_offload_peak"))
+SAVED_SOLVERS = sorted(name for name in SOLVERS if name != "ilp_peak")
 HEURISTICS = sorted(name for name in SAVED_SOLVERS if name not in ("ilp", "fast", "ilp_offload"))
 TOLERANCE = 1e-9
 
