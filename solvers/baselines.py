@@ -15,7 +15,7 @@ from typing import Iterable
 import networkx as nx
 
 from ._graph import effectively_recomputable, forced_keeps
-from .problem import TAG_ATTENTION_CORE, Plan, Problem, closure_from_keep_set
+from .problem import TAG_ATTENTION_CORE, TAG_VIEW, Plan, Problem, closure_from_keep_set
 from .registry import Decision, SolverFn, planner
 from .status import Status
 
@@ -78,9 +78,22 @@ def articulation_chain(problem: Problem) -> list[int]:
 
 
 @planner("chen_sqrt", exact=False, bounds=None,
-         description="Chen et al. 2016: keep every sqrt(n)-th value of the residual chain")
+         description="Chen et al. 2016: sqrt(n)-block segments checkpointed at their inputs")
 def chen_sqrt(problem: Problem, budget_bytes: int | None = None, **options: object) -> Decision:
-    """Chen et al. 2016: keep every ceil(sqrt(m))-th of the m keepable chain values."""
+    """Chen et al. 2016: segments of about sqrt(n) of the n layers, checkpointed at their inputs.
+
+    On a model with repeated blocks (module paths with an index, ``block_of``) this is
+    ``torch.utils.checkpoint.checkpoint_sequential`` with ceil(sqrt(n)) blocks a segment: each
+    segment keeps its inputs, recomputes everything inside. Without blocks, every
+    ceil(sqrt(m))-th of the m keepable articulation-chain values is kept (the chain is empty
+    when side inputs such as masks reach every layer: then nothing but forced keeps).
+    """
+    blocks = [block_of(v.module) for v in problem.values]
+    order = list(dict.fromkeys(b for b in blocks if b is not None))
+    if len(order) >= 2:
+        stride = max(1, math.ceil(math.sqrt(len(order))))
+        segment = {block: f"segment{index // stride}" for index, block in enumerate(order)}
+        return _plan(problem, _segment_inputs(problem, [segment.get(b) if b else None for b in blocks]))
     chain = [v for v in articulation_chain(problem) if problem.values[v].keepable]
     stride = max(1, math.ceil(math.sqrt(len(chain))))
     return _plan(problem, chain[stride - 1 :: stride])
@@ -99,21 +112,79 @@ def block_of(module: str) -> str | None:
     return None
 
 
+def _segment_inputs(problem: Problem, segments: list[str | None]) -> set[int]:
+    """What ``torch.utils.checkpoint`` around each segment keeps (``segments[v]``: v's segment
+    or None outside every segment).
+
+    A checkpointed segment saves its tensor inputs and drops everything computed inside it;
+    code outside the segments saves what autograd saves there: the values backward reads
+    outside every segment, and a segment's output that outside code reads and backward needs
+    (a final norm saving the last block's output).
+    """
+    values = problem.values
+    keep = {v for v in problem.backward_reads if segments[v] is None}
+    for value in values:
+        mine = segments[value.id]
+        for u in value.inputs:
+            if segments[u] == mine:
+                continue
+            if mine is not None or u in problem.backward_reads:
+                keep.add(u)
+    return _instead_of_helpers(problem, keep)
+
+
+def _backward_helpers(problem: Problem) -> set[int]:
+    """Values the joint trace computes only for backward (``2 * x`` for ``pow(x, 2)``, ``rsqrt**3``).
+
+    They read no tangent, so they count as forward values, but no forward output depends on
+    them and they are not secondary outputs (``getitem``) of a forward op. Eager autograd never
+    stores them: it saves their inputs and computes them in backward. Needs the problem's
+    forward outputs to tell them apart (hand-made problems without them have none).
+    """
+    if not problem.forward_outputs:
+        return set()
+    values = problem.values
+    needed = set(problem.forward_outputs)
+    stack = list(needed)
+    while stack:
+        for u in values[stack.pop()].inputs:
+            if u not in needed:
+                needed.add(u)
+                stack.append(u)
+    return {
+        v.id for v in values
+        if v.id not in needed and not v.available and v.recomputable and TAG_VIEW not in v.tags and v.op != "getitem"
+    }
+
+
+def _instead_of_helpers(problem: Problem, keep: set[int]) -> set[int]:
+    """Keep a backward helper's inputs rather than the helper, as eager autograd does."""
+    helpers = _backward_helpers(problem)
+    result = keep - helpers
+    stack = [v for v in keep if v in helpers]
+    seen: set[int] = set()
+    while stack:
+        v = stack.pop()
+        for u in problem.values[v].inputs:
+            if u in helpers and u not in seen:
+                seen.add(u)
+                stack.append(u)
+            elif u not in helpers:
+                result.add(u)
+    return result
+
+
 @planner("per_block", exact=False, bounds=None,
          description="torch.utils.checkpoint around each repeated block")
 def per_block(problem: Problem, budget_bytes: int | None = None, **options: object) -> Decision:
     """torch.utils.checkpoint around each block: keep block inputs, recompute inside blocks.
 
-    Backward reads outside any block are kept. Random ops inside a block are kept rather than
-    replayed (this model has no RNG replay).
+    Outside the blocks, what backward reads is kept, as autograd would. Random ops inside a
+    block are kept rather than replayed (dropout keeps its 1-byte mask, torch replays the RNG
+    state): on models without dropout the plan keeps what torch's checkpointing saves
+    (``tests/test_checkpoint_reference.py``).
     """
-    values = problem.values
-    blocks = [block_of(v.module) for v in values]
-    keep = {v for v in problem.backward_reads if blocks[v] is None}
-    for value in values:
-        if blocks[value.id] is not None:
-            keep.update(u for u in value.inputs if blocks[u] != blocks[value.id])
-    return _plan(problem, keep)
+    return _plan(problem, _segment_inputs(problem, [block_of(v.module) for v in problem.values]))
 
 
 @planner("selective", exact=False, bounds=None,

@@ -7,8 +7,9 @@ graphs themselves; the tests check the two agree):
   forward reader, unless it is kept for backward or returned, then it lives on;
 * backward: the steps run in order; a recomputed value is materialized just before the first
   step that needs it (directly or through another recomputed value) and freed after its last
-  use; a kept storage is freed after its last use; backward-only tensors (activation
-  gradients) are the plan-independent ``BackwardStep.working_bytes``.
+  use; a kept storage is freed after its last use, except the step's outputs, which the
+  caller holds to the end whether kept or not; backward-only tensors (activation gradients)
+  are the plan-independent ``BackwardStep.working_bytes``.
 
 An offloaded storage (``solvers.offload``) is on the device from its creation until the
 forward wait of its send (in-flight sends count), and again from the backward step that issues
@@ -171,23 +172,28 @@ def simulate_plan(problem: Problem, plan: Plan) -> PlanMemory:
     forward_live, survivors = _forward_live(problem, plan)
     events, materialized, last_use = _backward_events(problem, plan)
     values = problem.values
-    pinned = {values[i].storage for i in problem.forward_outputs} - {values[i].storage for i in plan.kept}
-    pinned = {s for s in pinned if s in survivors}
+    # The step's outputs live until it ends (the caller holds them), kept for backward or not:
+    # freeing a kept output after its last backward use would let keeping it lower the peak.
+    pinned = {values[i].storage for i in problem.forward_outputs} & survivors
     _, fetched_at = _offload_lifetimes(problem, plan)
     first_event = {}
     for index, event in enumerate(events):
         first_event.setdefault(event.step, index)
-    intervals: dict[int, tuple[int, int]] = {}
+    intervals: dict[int | tuple[str, int], tuple[int, int]] = {}
     for v, last in last_use.items():
-        storage = values[v].storage
-        if problem.storage_bytes[storage] == 0 or storage in pinned:
+        storage: int | tuple[str, int] = values[v].storage
+        if problem.storage_bytes[values[v].storage] == 0:
             continue
+        if storage in pinned:
+            if v not in plan.recomputed:
+                continue
+            storage = ("copy", values[v].storage)  # recomputing an output makes a second tensor
         begin = materialized.get(v, first_event[fetched_at[storage]] if storage in fetched_at else -1)
         old = intervals.get(storage)
         intervals[storage] = (begin, last) if old is None else (min(old[0], begin), max(old[1], last))
     delta = [0] * (len(events) + 2)
     for storage, (begin, last) in intervals.items():
-        nbytes = problem.storage_bytes[storage]
+        nbytes = problem.storage_bytes[storage[1] if isinstance(storage, tuple) else storage]
         delta[begin + 1] += nbytes
         delta[last + 2] -= nbytes
     pinned_bytes = sum(problem.storage_bytes[s] for s in pinned)

@@ -1,0 +1,38 @@
+"""The plan-level peak model (``solvers.memory``) on hand-made problems: outputs held to the end."""
+
+from __future__ import annotations
+
+from remat_pass.solvers.memory import simulate_plan
+from remat_pass.solvers.problem import BackwardStep, Plan, Problem, Value
+
+
+def _with_output() -> Problem:
+    """x -> a -> b -> out; backward reads a then b; out (the step's output) is read by no one."""
+    x = Value(0, "x", (), storage=0, available=True)
+    a = Value(1, "a", (0,), storage=1, recompute_seconds=1e-3)
+    b = Value(2, "b", (1,), storage=2, recompute_seconds=1e-3)
+    out = Value(3, "out", (2,), storage=3, recompute_seconds=1e-3)
+    steps = (BackwardStep((2,), 10), BackwardStep((1,), 10))
+    return Problem((x, a, b, out), (0, 100, 100, 400), frozenset({1, 2}), forward_outputs=frozenset({3}),
+                   backward_steps=steps)
+
+
+def test_keeping_an_output_never_lowers_the_modelled_peak():
+    """Issue 15 R7: a kept output was freed after its last backward use, an unkept one held to the
+    end, so keeping an output nobody reads could lower the modelled peak."""
+    problem = _with_output()
+    plain = Plan(problem, frozenset({1, 2}), frozenset(), "manual")
+    with_output = Plan(problem, frozenset({1, 2, 3}), frozenset(), "manual")
+    assert simulate_plan(problem, with_output).peak_bytes == simulate_plan(problem, plain).peak_bytes == 610
+
+
+def test_a_recomputed_output_is_a_second_tensor():
+    """The caller still holds the forward's output while backward rebuilds it."""
+    x = Value(0, "x", (), storage=0, available=True)
+    out = Value(1, "out", (0,), storage=1, recompute_seconds=1e-3)
+    problem = Problem((x, out), (0, 100), frozenset({1}), forward_outputs=frozenset({1}),
+                      backward_steps=(BackwardStep((1,), 0),))
+    kept = Plan(problem, frozenset({1}), frozenset(), "manual")
+    rebuilt = Plan(problem, frozenset(), frozenset({1}), "manual")
+    assert simulate_plan(problem, kept).peak_bytes == 100
+    assert simulate_plan(problem, rebuilt).peak_bytes == 200
