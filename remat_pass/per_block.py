@@ -12,8 +12,9 @@ What the budget means here:
 * ``per="step"``: the budget is for the whole step across the ``n`` blocks. A fraction is the
   same fraction of every block's keep-all bytes (so of their sum too). An absolute size bounds
   the bytes *saved for backward* by all blocks together: each block's plan gets ``1/n`` of it
-  as a saved-bytes cap. Peaks do not add up across blocks (only one block's backward runs at a
-  time), so ``per="step"`` with ``budget_kind="peak"`` is refused.
+  as a saved-bytes cap (``remat_pass.backend(..., pieces=n)``). Peaks do not add up across
+  blocks (only one block's backward runs at a time), so ``per="step"`` with
+  ``budget_kind="peak"`` is refused.
 
 Outside the blocks (embeddings, the final norm, the loss) nothing is planned: their memory
 comes on top.
@@ -26,7 +27,6 @@ from typing import Any, Iterable
 
 from torch import nn
 
-from .budget import Budget, parse_budget
 from .dynamo_backend import RematBackend
 from .pipeline import DEFAULT_BUDGET
 
@@ -68,31 +68,11 @@ def apply_to_blocks(
     if per not in PER_CHOICES:
         raise ValueError(f"per must be one of {PER_CHOICES}, got {per!r}")
     chosen = _resolve_blocks(model, blocks)
-    parsed = parse_budget(budget)
-    if per == "step":
-        parsed, backend_options = _split_step_budget(parsed, len(chosen), backend_options)
-    backend = RematBackend(parsed, **backend_options)
+    backend = RematBackend(budget, pieces=len(chosen) if per == "step" else 1, **backend_options)
     for block in chosen:
         block.compile(backend=backend, fullgraph=fullgraph, dynamic=False)
-    logger.info("compiled %d blocks of %s with one remat backend (%s for each block)",
-                len(chosen), type(model).__name__, parsed)
+    logger.info("compiled %d blocks of %s with one %r", len(chosen), type(model).__name__, backend)
     return backend
-
-
-def _split_step_budget(budget: Budget, count: int, options: dict[str, Any]) -> tuple[Budget, dict[str, Any]]:
-    if budget.fraction is not None:
-        return budget, options
-    kind = options.get("budget_kind", "auto")
-    if kind == "peak":
-        raise ValueError(
-            "per='step' with budget_kind='peak' is not supported: the step's peak is not the sum of the blocks' "
-            "peaks. Use per='block' with a peak budget for each block, or a saved-bytes step budget."
-        )
-    assert budget.nbytes is not None
-    share = max(budget.nbytes // count, 1)
-    logger.info("step budget of %d bytes saved for backward, split over %d blocks: %d bytes each",
-                budget.nbytes, count, share)
-    return Budget(nbytes=share), {**options, "budget_kind": "saved"}
 
 
 def _resolve_blocks(model: nn.Module, blocks: str | Iterable[nn.Module] | None) -> list[nn.Module]:

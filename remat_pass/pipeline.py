@@ -55,6 +55,16 @@ class BudgetKind(str, enum.Enum):
         return self.value
 
 
+class OnInfeasible(str, enum.Enum):
+    """What to do with a graph (a piece of a split step) that cannot meet the budget."""
+
+    RAISE = "raise"  # BudgetInfeasibleError with that piece's smallest feasible budget
+    CLAMP = "clamp"  # plan that piece at its smallest feasible budget, with a warning naming it
+
+    def __str__(self) -> str:
+        return self.value
+
+
 def resolve_budget_kind(budget: Budget, kind: str) -> BudgetKind:
     """"auto": a fraction bounds saved bytes, an absolute size bounds the step's peak.
 
@@ -83,9 +93,10 @@ class PlanOptions:
     budget_kind: str = BudgetKind.AUTO
     solver_options: dict[str, Any] = field(default_factory=dict)
     free_inputs: bool = False  # see annotate(): True only when each graph is a whole step
-    # The default budget is a preference, not a user's promise: when a graph cannot meet it,
-    # plan at the smallest feasible budget instead of failing the compile (and say so).
-    clamp_to_feasible: bool = False
+    # A budget a graph cannot meet: fail ("raise"), or plan that graph at its smallest feasible
+    # budget and say so ("clamp": the registered "remat" backend's default, whose budget is a
+    # preference, and a choice for split steps whose small pieces cannot reach the budget).
+    on_infeasible: OnInfeasible = OnInfeasible.RAISE
     # Offload: saved values may also go to host memory (solvers.offload_planner; emitted by
     # remat_pass.offload), within host_budget_bytes (None: unlimited).
     offload: bool = False
@@ -159,17 +170,28 @@ def plan_problem(problem: Problem, options: PlanOptions) -> Planned:
     """Resolve the budget against ``problem`` and solve; the plan carries its predicted peak.
 
     Raises BudgetInfeasibleError (in the user's terms: a peak error names the smallest budget
-    that works with the headroom) unless ``options.clamp_to_feasible``.
+    that works with the headroom) unless ``options.on_infeasible`` is "clamp".
     """
     try:
         return _solve(problem, options, resolve_budget(problem, options.budget, options.budget_kind))
     except solvers.BudgetInfeasibleError as error:
-        if not options.clamp_to_feasible:
+        if OnInfeasible(options.on_infeasible) is OnInfeasible.RAISE:
             raise
-        logger.warning("the default budget (%s) is infeasible for this graph; planning at the smallest "
-                       "feasible budget, %d bytes", options.budget, error.min_bytes)
+        logger.warning("the budget (%s) is infeasible for the graph of %s; on_infeasible='clamp': planning it at "
+                       "its smallest feasible budget, %d bytes (%.4f of its keep-all %s)", options.budget,
+                       describe_piece(problem), error.min_bytes, error.min_bytes / max(error.keep_all_bytes, 1),
+                       "peak" if error.kind == "peak" else "bytes")
         kind = resolve_budget_kind(options.budget, options.budget_kind)
         return _solve(problem, options, resolve_budget(problem, Budget(nbytes=error.min_bytes), kind))
+
+
+def describe_piece(modules: Problem | list[str]) -> str:
+    """The modules a graph covers ("blocks.0.attn .. blocks.1.mlp"), to name a piece of a split step."""
+    if isinstance(modules, Problem):
+        modules = [value.module for value in modules.values if value.module]
+    if not modules:
+        return "a graph outside any submodule"
+    return modules[0] if modules[0] == modules[-1] else f"{modules[0]} .. {modules[-1]}"
 
 
 def _solve(problem: Problem, options: PlanOptions, budget: ResolvedBudget) -> Planned:
@@ -260,7 +282,7 @@ def reconcile(annotated: AnnotatedGraph, options: PlanOptions, planned: Planned,
 
 
 __all__ = [
-    "DEFAULT_BUDGET", "DEFAULT_TIME_LIMIT", "BudgetKind", "LossFn", "PlanOptions", "Planned", "PlannedGraph",
+    "DEFAULT_BUDGET", "DEFAULT_TIME_LIMIT", "BudgetKind", "LossFn", "OnInfeasible", "PlanOptions", "Planned", "PlannedGraph",
     "ResolvedBudget", "TracedStep", "as_inputs", "merge_problems", "plan_joint_graph", "plan_problem", "reconcile",
-    "resolve_budget", "resolve_budget_kind", "trace_step", "with_headroom", "without_headroom",
+    "describe_piece", "resolve_budget", "resolve_budget_kind", "trace_step", "with_headroom", "without_headroom",
 ]

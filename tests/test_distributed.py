@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import datetime
 import os
+import re
 import socket
 import time
 from pathlib import Path
@@ -175,7 +176,8 @@ def _compiled_ddp(rank: int) -> dict[str, Any]:
     model = Net(width=256)  # ~1 MiB of weights a block: DDPOptimizer's smallest bucket is 1 MiB
     reference = DDP(copy.deepcopy(model), bucket_cap_mb=1)
     ddp = DDP(model, bucket_cap_mb=1)
-    backend = remat_pass.backend(budget=0.5)
+    # The pieces around the first and last buckets are small; some cannot reach 0.3: clamp those.
+    backend = remat_pass.backend(budget=0.3, on_infeasible="clamp")
     compiled = torch.compile(ddp, backend=backend)
     expected = _train(reference, reference, rank, "adamw", inputs_free=False, measure=False)
     actual = _train(ddp, compiled, rank, "adamw", inputs_free=False)
@@ -452,3 +454,87 @@ def test_apply_to_blocks_splits_a_step_budget_over_the_blocks():
 def test_apply_to_blocks_rejects_bad_blocks(blocks, message):
     with pytest.raises(ValueError, match=message):
         remat_pass.apply_to_blocks(Net(), blocks=blocks)
+
+
+# --- a budget over a split step; the registered backend's settings ---------------------------------
+
+
+class SplitNet(nn.Module):
+    """Two pieces after a graph break; the second (a linear of the first's output) can only keep all."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = Block(16)
+        self.second = nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = self.first(x)
+        torch._dynamo.graph_break()
+        return self.second(h)
+
+
+def test_infeasible_piece_raises_naming_it_or_is_clamped_with_a_warning(caplog):
+    torch.manual_seed(0)
+    model, x = SplitNet(), torch.randn(6, 16)
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as raised:  # how torch.compile reports it
+        torch.compile(model, backend=remat_pass.backend(budget=0.3))(x)
+    assert isinstance(raised.value.inner_exception, remat_pass.BudgetInfeasibleError)
+    assert re.search(r"384 bytes.*graph 2 compiled by this backend, covering second.*on_infeasible='clamp'",
+                     str(raised.value.inner_exception))
+    torch._dynamo.reset()
+    reference = copy.deepcopy(model)
+    backend = remat_pass.backend(budget=0.3, on_infeasible="clamp")
+    with caplog.at_level("WARNING", logger="remat_pass.pipeline"):
+        actual = _step(torch.compile(model, backend=backend), x)
+    expected = _step(reference, x)
+    assert torch.equal(actual[0], expected[0]) and all(map(torch.equal, actual[1], expected[1]))
+    first, second = backend.plans
+    assert first.kept_bytes <= 0.3 * first.keep_all_bytes
+    assert second.budget_bytes == second.kept_bytes == second.keep_all_bytes  # clamped to its minimum
+    (warning,) = [r.getMessage() for r in caplog.records if "on_infeasible='clamp'" in r.getMessage()]
+    assert "graph of second" in warning and f"{second.budget_bytes} bytes" in warning
+
+
+def test_backend_pieces_split_an_absolute_budget_and_refuse_a_peak_one():
+    backend = remat_pass.backend(budget="10KB", pieces=4)
+    assert backend.options.budget.nbytes == 2500 and backend.options.budget_kind == "saved"
+    assert remat_pass.backend(budget=0.3, pieces=4).options.budget.fraction == 0.3
+    with pytest.raises(ValueError, match="cannot be split"):
+        remat_pass.backend(budget="10KB", pieces=4, budget_kind="peak")
+    with pytest.raises(ValueError, match="on_infeasible"):
+        remat_pass.backend(on_infeasible="ignore")
+
+
+@pytest.mark.parametrize("text, budget", [("0.3", 0.3), ("2GiB", "2GiB"), ("1000", "1000"), (".5", 0.5)])
+def test_registered_backend_reads_its_budget_from_the_environment(text, budget):
+    from remat_pass.dynamo_backend import settings_from_environment
+
+    settings = settings_from_environment({"REMAT_PASS_BUDGET": text})
+    assert settings == {"budget": budget, "budget_kind": "auto", "on_infeasible": "clamp"}
+
+
+@pytest.mark.parametrize("environ, message", [
+    ({"REMAT_PASS_BUDGET": "lots"}, "REMAT_PASS_BUDGET='lots'"),
+    ({"REMAT_PASS_BUDGET": "1.5"}, "REMAT_PASS_BUDGET='1.5'"),
+    ({"REMAT_PASS_BUDGET_KIND": "max"}, "REMAT_PASS_BUDGET_KIND='max'"),
+    ({"REMAT_PASS_ON_INFEASIBLE": "skip"}, "REMAT_PASS_ON_INFEASIBLE='skip'"),
+])
+def test_registered_backend_rejects_bad_environment(environ, message):
+    from remat_pass.dynamo_backend import settings_from_environment
+
+    with pytest.raises(ValueError, match=message):
+        settings_from_environment(environ)
+
+
+def test_registered_backend_plans_at_the_environments_budget(monkeypatch, caplog):
+    monkeypatch.setenv("REMAT_PASS_BUDGET", "0.25")
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(6, 8)
+    reference = copy.deepcopy(model)
+    with caplog.at_level("INFO", logger="remat_pass.pipeline"):
+        actual = _step(torch.compile(model, backend="remat"), x)
+    expected = _step(reference, x)
+    assert torch.equal(actual[0], expected[0]) and all(map(torch.equal, actual[1], expected[1]))
+    (planned,) = [r for r in caplog.records if r.getMessage().startswith("planned ")]
+    kept, keep_all = planned.args[2], planned.args[3]
+    assert kept <= 0.25 * keep_all < keep_all
