@@ -94,6 +94,11 @@ def _resolve_blocks(model: nn.Module, blocks: str | Iterable[nn.Module] | None) 
         chosen = list(blocks)
     if not chosen or not all(isinstance(b, nn.Module) for b in chosen):
         raise ValueError(f"blocks must name or be a non-empty collection of nn.Modules, got {blocks!r}")
+    builtin = sorted({type(b).__name__ for b in chosen if type(b).__module__.startswith("torch.nn.")})
+    if builtin:
+        # Dynamo skips torch.nn's own forward methods as the compiled frame (nothing is planned).
+        logger.warning("blocks of torch.nn's own classes (%s) are not compiled by dynamo when compiled alone; "
+                       "wrap each in a module class of your own", ", ".join(builtin))
     owned = {id(m) for m in model.modules()}
     stray = [type(b).__name__ for b in chosen if id(b) not in owned]
     if stray:
