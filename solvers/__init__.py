@@ -26,14 +26,26 @@ chosen by name from ``SOLVERS`` (``solvers.registry``, which also holds each one
 from __future__ import annotations
 
 from .baselines import BASELINES
-from .errors import BudgetInfeasibleError, RematError, SolverError, SolverUnavailableError
+from .errors import (
+    BudgetInfeasibleError,
+    RematError,
+    SolverError,
+    SolverUnavailableError,
+)
 from .fast import solve_fast
 from .ilp import min_feasible_bytes, solve_ilp
 from .memory import PlanMemory, simulate_plan
 from .offload_planner import offload_solver, solve_offload
 from .peak import solve_peak
 from .problem import Plan, Problem, Value, closure_from_keep_set, format_bytes
-from .registry import SOLVER_INFO, SOLVERS, SolverFn, SolverInfo, get_solver, solver_help
+from .registry import (
+    SOLVER_INFO,
+    SOLVERS,
+    SolverFn,
+    SolverInfo,
+    get_solver,
+    solver_help,
+)
 from .status import DEFAULT_TIME_LIMIT, BudgetKind, Status
 
 

@@ -27,8 +27,16 @@ from .problem import Plan, Problem, closure_from_keep_set
 
 # Keep-all in at most this many byte units: coefficients stay small and well conditioned.
 MAX_UNITS = 2**20
+# A model with more units than this in all is not believed when it claims a proof (see ``well_scaled``).
+WELL_SCALED_UNITS = 2**24
+# Each finer rounding tried to close a gap divides the unit by this.
+_REFINE_FACTOR = 16
 # Recompute costs are scaled so the smallest is one unit, unless the total would exceed this.
 _MAX_COST_UNITS = 1e6
+# The smallest recompute cost is this many objective units in the time-only model: backends
+# compare objective coefficients with absolute tolerances (CBC's presolve merges columns whose
+# costs differ by under ~1e-6), so near-tie costs must differ by far more than that.
+_COST_RESOLUTION = 1e6
 # The whole tie-break terms at their largest: together far below one cost unit.
 _BYTES_TIE_BREAK = 1e-2
 _RECOMPUTE_TIE_BREAK = 1e-3
@@ -51,6 +59,18 @@ class Rounding:
     def exact(self) -> bool:
         return all(b % self.quantum == 0 for b in self.storage_bytes.values())
 
+    @property
+    def well_scaled(self) -> bool:
+        """Whether the byte coefficients are small enough for the backends' tolerances.
+
+        With at most ``WELL_SCALED_UNITS`` units in all, an integrality or feasibility tolerance
+        of 1e-6 moves the budget row by a few units at most and the plan read back is checked in
+        integers anyway; with byte-sized coefficients (10^10) it moves it by thousands, and backends have called
+        such models infeasible, looped on them or certified the wrong optimum (issue 15).
+        Only a well-scaled model's proof is believed.
+        """
+        return sum(self.units(s) for s in self.storage_bytes) <= WELL_SCALED_UNITS
+
     def units(self, storage: int) -> int:
         size = self.storage_bytes.get(storage, 0)
         return -(-size // self.quantum) if self.up else size // self.quantum
@@ -60,6 +80,21 @@ class Rounding:
 
     def optimistic(self) -> "Rounding":
         return Rounding(quantum=self.quantum, storage_bytes=self.storage_bytes, up=False)
+
+
+def finer_roundings(problem: Problem, rounding: Rounding) -> list[Rounding]:
+    """Conservative roundings with ever smaller units, down to the gcd, while still well scaled."""
+    sizes = rounding.storage_bytes
+    gcd = math.gcd(*sizes.values()) if sizes else 1
+    total = sum(sizes.values())
+    found = []
+    quantum = rounding.quantum
+    while quantum > gcd:
+        quantum = max(quantum // _REFINE_FACTOR // gcd * gcd, gcd)
+        if total // quantum > WELL_SCALED_UNITS:
+            break
+        found.append(Rounding(quantum=quantum, storage_bytes=sizes))
+    return found
 
 
 def paid_storage_bytes(problem: Problem) -> dict[int, int]:
@@ -102,13 +137,16 @@ def weights_for(problem: Problem) -> Weights:
     relevant = [v for v in sorted(relevant_values(problem)) if recomputable[v]]
     positive = [problem.values[v].recompute_seconds for v in relevant if problem.values[v].recompute_seconds > 0]
     unit_seconds = max(min(positive), sum(positive) / _MAX_COST_UNITS) if positive else 1.0
-    per_recompute = _RECOMPUTE_TIE_BREAK / max(len(relevant), 1)
     sizes = paid_storage_bytes(problem)
     per_byte = _BYTES_TIE_BREAK / max(sum(sizes.values()), 1)
+    # Fewer bytes first: all recomputes together weigh less than the smallest storage (R6).
+    smallest = min(sizes.values(), default=1)
+    per_recompute = min(_RECOMPUTE_TIE_BREAK, per_byte * smallest / 2) / max(len(relevant), 1)
+    scale = _COST_RESOLUTION
     return Weights(
-        cost={v: problem.values[v].recompute_seconds / unit_seconds + per_recompute for v in relevant},
-        storage={s: per_byte * b for s, b in sizes.items()},
-        unit_seconds=unit_seconds,
+        cost={v: (problem.values[v].recompute_seconds / unit_seconds + per_recompute) * scale for v in relevant},
+        storage={s: per_byte * b * scale for s, b in sizes.items()},
+        unit_seconds=unit_seconds / scale,
     )
 
 
@@ -120,7 +158,7 @@ def time_weights(problem: Problem) -> tuple[Weights, float]:
     recomputable = effectively_recomputable(problem)
     costs = {v: problem.values[v].recompute_seconds for v in relevant_values(problem) if recomputable[v]}
     positive = [c for c in costs.values() if c > 0]
-    unit = max(min(positive), sum(positive) / _MAX_COST_UNITS) if positive else 1.0
+    unit = (max(min(positive), sum(positive) / _MAX_COST_UNITS) if positive else 1.0) / _COST_RESOLUTION
     weights = Weights(cost={v: c / unit for v, c in costs.items()},
                       storage={s: 0.0 for s in paid_storage_bytes(problem)}, unit_seconds=unit)
     return weights, unit
@@ -159,6 +197,20 @@ def _variables(problem: Problem, lp: pulp.LpProblem, rounding: Rounding) -> Mode
     storages = sorted({values[v].storage for v in keep} & set(rounding.storage_bytes))
     paid = {s: binary(lp, f"g{s}") for s in storages}
     return Model(lp=lp, keep=keep, recompute=recompute, paid=paid)
+
+
+def cap_time(model: Model, rounding: Rounding, weights: Weights, time_cap: float) -> None:
+    """Turn ``model`` into the tie-break among plans no slower than ``time_cap``.
+
+    A row keeps the recompute time (in ``weights``' units) at most ``time_cap``; the objective
+    becomes fewer byte units first, then fewer recomputes (their whole count weighs less than
+    one unit, so with whole units the order is strict).
+    """
+    lp = model.lp
+    lp += pulp.lpSum(weights.cost[v] * r for v, r in model.recompute.items()) <= time_cap, "time_cap"
+    per_recompute = 1.0 / (len(model.recompute) + 1)
+    lp.setObjective(pulp.lpSum(rounding.units(s) * g for s, g in model.paid.items())
+                    + pulp.lpSum(per_recompute * r for r in model.recompute.values()))
 
 
 def _add_rows(problem: Problem, model: Model) -> None:

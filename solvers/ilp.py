@@ -1,12 +1,19 @@
 """The exact planner: the keep/recompute integer program (``_model``) solved with PuLP.
 
-The objective is the recompute time plus a tie-break far below the smallest cost that prefers
-fewer kept bytes, then fewer recomputes, so equal-cost plans come out the same way every time.
+The objective is the recompute time alone; among plans of the least time, a second run (the
+tie-break, ``_model.cap_time``) takes the one keeping the fewest bytes, then the fewest
+recomputes, so equal-cost plans come out the same way every time and no byte more is kept than
+an optimal plan needs.
 
-Bytes are rounded conservatively (storages up, the budget down) so a plan that fits the model
-fits the real budget; ``Plan.kept_bytes`` is checked exactly afterwards. When the rounding is
-lossy, the same model rounded the other way is a relaxation: solving it proves (or bounds)
-optimality for the real budget and sometimes finds a better plan that still fits.
+What is claimed is only what is proven (issue 15). Every run goes through ``_run.solve_once``,
+which checks the backend's answer and believes a proof only from a well-scaled model. Bytes are
+counted in units: the sizes' gcd when that needs few units (the model is then exact and its
+proof is the proof), else a coarse unit. With a coarse unit, storages rounded up and the budget
+down (conservative) give plans that surely fit; the same model rounded the other way
+(optimistic) is a relaxation whose bound proves optimality for the real budget, and whose plan
+is taken when it fits in exact integers. A model in exact bytes (byte-sized coefficients) may
+still find a better plan, run where it can be stopped, but never certifies one. A gap left open
+means "feasible" with that gap, or "time_limit" when the time limit cut a run short.
 """
 
 from __future__ import annotations
@@ -16,11 +23,12 @@ import time
 from dataclasses import dataclass
 
 from . import baselines
+from ._cut import min_bytes_cut
 from ._mip import MipResult, resolve_backend
-from ._model import Rounding, Weights, rounding_for, weights_for
+from ._model import Rounding, Weights, finer_roundings, rounding_for, time_weights
 from ._run import Outcome, solve_once
 from .errors import BudgetInfeasibleError, SolverError
-from .problem import Plan, Problem
+from .problem import Plan, Problem, closure_from_keep_set
 from .registry import Decision, planner
 from .status import CLOSED_GAP, DEFAULT_TIME_LIMIT, BudgetKind, Status, relative_gap
 
@@ -28,33 +36,44 @@ logger = logging.getLogger(__name__)
 
 
 def _min_bytes_plan(problem: Problem, backend: str, time_limit: float, threads: int | None) -> Plan:
-    """A plan keeping the fewest bytes possible, proven optimal (storages counted once)."""
+    """A plan keeping the fewest bytes possible, proven (storages counted once); SolverError if not provable."""
     began = time.perf_counter()
     fallback = baselines.recompute_all(problem)
-    if fallback.kept_bytes == 0:
-        return Plan(problem=problem, kept=fallback.kept, recomputed=fallback.recomputed, solver="ilp-min-bytes",
-                    solve_seconds=time.perf_counter() - began)
-    # The objective is a whole number of units: an absolute gap under one proves the exact minimum,
-    # where a relative one would let a big total stop some units short.
-    outcome = solve_once(problem, None, rounding=rounding_for(problem, exact=True), weights=None,
-                         time_limit=time_limit, backend=backend, threads=threads, start=fallback, gaps=(0.0, 0.5))
-    if outcome.status != "optimal" or outcome.plan is None:
-        raise SolverError(
-            f"could not prove the smallest feasible budget within time_limit={time_limit:g}s "
-            f"({outcome.status}); pass a larger time_limit"
-        )
-    plan = Plan(problem=problem, kept=outcome.plan.kept, recomputed=outcome.plan.recomputed, solver="ilp-min-bytes",
+    keep = frozenset() if fallback.kept_bytes == 0 else min_bytes_cut(problem)
+    if keep is None:
+        keep = _min_bytes_ilp(problem, fallback, backend, time_limit, threads)
+    kept, recomputed = closure_from_keep_set(problem, keep)
+    plan = Plan(problem=problem, kept=kept, recomputed=recomputed, solver="ilp-min-bytes",
                 solve_seconds=time.perf_counter() - began)
     logger.debug("ilp: smallest feasible budget %d bytes (%.3fs)", plan.kept_bytes, plan.solve_seconds)
     return plan
+
+
+def _min_bytes_ilp(problem: Problem, fallback: Plan, backend: str, time_limit: float,
+                   threads: int | None) -> frozenset[int]:
+    """The min-bytes ILP in exact units, for problems the cut cannot model; only a certified answer counts."""
+    # The objective is a whole number of units: an absolute gap under one proves the exact minimum,
+    # where a relative one would let a big total stop some units short.
+    rounding = rounding_for(problem, exact=True)
+    outcome = solve_once(problem, None, rounding=rounding, weights=None, time_limit=time_limit, backend=backend,
+                         threads=threads, start=fallback, gaps=(0.0, 0.5))
+    if not outcome.certified or outcome.plan is None:
+        why = ("its sizes need too many byte units for a proof to be believed" if not rounding.well_scaled
+               else f"the {backend} backend ended {outcome.status}")
+        raise SolverError(f"could not prove the smallest feasible budget within time_limit={time_limit:g}s: {why}; "
+                          "pass a larger time_limit, or a budget that a heuristic plan meets")
+    return outcome.plan.kept
 
 
 def min_feasible_bytes(problem: Problem, *, time_limit: float = DEFAULT_TIME_LIMIT, backend: str = "auto",
                        threads: int | None = None) -> int:
     """The fewest bytes any valid plan keeps: no smaller budget can be met.
 
-    Exact, including storages shared by several values: an ILP over the same rows as the
-    planner, minimizing unrounded bytes, proven optimal (SolverError if not proven in time).
+    Exact to the byte, storages shared by several values counted once: a minimum cut with free
+    recomputes and byte capacities in Python integers (``_cut.min_bytes_cut``). When one storage
+    is kept through two values (a mutated alias) the cut cannot model it; then an ILP over the
+    planner's rows in exact units decides, and its answer counts only when proven on a
+    well-scaled model (SolverError otherwise).
 
     >>> from remat_pass.solvers.problem import Problem, Value
     >>> x = Value(0, "x", (), storage=0, available=True)
@@ -62,8 +81,7 @@ def min_feasible_bytes(problem: Problem, *, time_limit: float = DEFAULT_TIME_LIM
     >>> min_feasible_bytes(Problem((x, y), (0, 64), frozenset({1})))
     64
     """
-    engine = resolve_backend(backend)
-    return _min_bytes_plan(problem, engine, time_limit, threads).kept_bytes
+    return _min_bytes_plan(problem, resolve_backend(backend), time_limit, threads).kept_bytes
 
 
 def _warm_plan(problem: Problem, budget_bytes: int, backend: str, deadline: float, threads: int | None) -> Plan:
@@ -97,8 +115,9 @@ def solve_ilp(
     Options: ``time_limit`` (seconds, for all backend runs of this call together),
     ``backend`` ("auto": HiGHS if it works, else PuLP's bundled CBC; "highs"; "cbc"),
     ``threads`` (the backend's default if None). Raises BudgetInfeasibleError below the
-    smallest feasible budget, SolverError when the time limit passes before any plan is
-    found, SolverUnavailableError when no backend works.
+    smallest feasible budget, SolverUnavailableError when no backend works. The status is
+    "optimal" only when proven; otherwise the best plan found (at worst the best checkpointing
+    heuristic that fits) with its gap to a proven bound ("feasible", or "time_limit").
 
     >>> from remat_pass.solvers.problem import Problem, Value
     >>> x = Value(0, "x", (), storage=0, available=True)
@@ -110,19 +129,29 @@ def solve_ilp(
     """
     began = time.perf_counter()
     context = _Context(problem, budget_bytes, resolve_backend(backend), began + time_limit, time_limit, threads)
-    warm = _warm_plan(problem, budget_bytes, context.backend, context.deadline, threads)
-    weights = weights_for(problem)
+    proof = _Proof(context, _warm_plan(problem, budget_bytes, context.backend, context.deadline, threads))
     rounding = rounding_for(problem)
-    plan, result = _solve_rounded(context, rounding, weights, warm)
-    if result.status == "infeasible" and not rounding.exact:
-        logger.info("ilp: %d-byte units made budget %d infeasible; solving unrounded", rounding.quantum, budget_bytes)
-        rounding = rounding_for(problem, exact=True)
-        plan, result = _solve_rounded(context, rounding, weights, warm)
-    assert plan is not None
-    plan, status, gap = _prove(context, plan, result, rounding, weights)
+    proof.run(rounding)
+    if not rounding.exact:
+        proof.run(rounding.optimistic())
+        for finer in finer_roundings(problem, rounding):  # finer units, still believed
+            if proof.closed or time.perf_counter() >= context.deadline:
+                break
+            proof.run(finer)
+            if not finer.exact:
+                proof.run(finer.optimistic())
+        exact = rounding_for(problem, exact=True)
+        if not proof.closed and not exact.well_scaled:
+            proof.run(exact)  # byte-sized coefficients: may find a plan, proves nothing
+    if proof.bound is None:
+        proof.lp_bound(rounding if rounding.exact else rounding.optimistic())
+    status, gap = proof.verdict()
+    plan = _fewest_bytes(context, proof.best, proof.weights) if status is Status.OPTIMAL else proof.best
     logger.info("ilp (%s): budget %d B, kept %d B, recompute %.6g s, %s, gap %s, %.3fs", context.backend,
                 budget_bytes, plan.kept_bytes, plan.recompute_seconds, status, gap, time.perf_counter() - began)
     return Decision.of(plan, status, gap)
+
+
 @dataclass(frozen=True)
 class _Context:
     """What every backend run of one ``solve_ilp`` call shares."""
@@ -135,77 +164,94 @@ class _Context:
     threads: int | None
 
 
-def _solve_rounded(context: _Context, rounding: Rounding, weights: Weights, warm: Plan) -> tuple[Plan | None, MipResult]:
-    """Solve one rounding of the model; a plan unless the model is infeasible; SolverError if none in time."""
-    problem, budget_bytes = context.problem, context.budget_bytes
-    logger.debug("ilp: %d-byte units rounded %s; warm start %s", rounding.quantum, "up" if rounding.up else "down",
-                 warm.solver)
-    outcome = solve_once(problem, budget_bytes, rounding=rounding, weights=weights, start=warm,
-                         time_limit=_remaining(context.deadline), backend=context.backend, threads=context.threads)
-    if outcome.status == "no_solution":
-        raise SolverError(
-            f"the {context.backend} backend found no plan for budget {budget_bytes} bytes within "
-            f"time_limit={context.time_limit:g}s; pass a larger time_limit"
-        )
-    if outcome.status == "infeasible":
-        if rounding.up and not rounding.exact:
-            return None, outcome.result
-        raise SolverError(f"the {context.backend} backend calls budget {budget_bytes} infeasible although "
-                          f"{warm.solver} keeps {warm.kept_bytes} bytes within it; numerical trouble")
-    return outcome.plan, outcome.result
+class _Proof:
+    """The best plan within the real budget so far, and the best lower bound believed (time units)."""
 
+    def __init__(self, context: _Context, warm: Plan) -> None:
+        self.context = context
+        self.weights, _ = time_weights(context.problem)
+        self.best = warm
+        self.bound: float | None = None
+        self.stopped = False
 
-def _prove(context: _Context, plan: Plan, result: MipResult, rounding: Rounding,
-           weights: Weights) -> tuple[Plan, Status, float | None]:
-    """"optimal" only when proven for the real budget; else "feasible" and the gap to a proven bound.
+    @property
+    def closed(self) -> bool:
+        gap = relative_gap(self.weights.evaluate(self.best), self.bound)
+        return gap is not None and gap <= CLOSED_GAP
 
-    With exact rounding the backend's word is the proof. With lossy rounding the model is
-    stricter than the budget: the model rounded the other way is a relaxation and gives the
-    bound; if that leaves a gap, the unrounded model (bigger coefficients) settles it.
-    Either may find a better plan that fits the real budget, which is then taken.
-    """
-    if rounding.exact:
-        if result.status == "optimal":
-            return plan, Status.OPTIMAL, 0.0
-        bound = result.bound if result.bound is not None else _lp_bound(context, rounding, weights)
-        return plan, Status.FEASIBLE, relative_gap(weights.evaluate(plan), bound)
-    bound: float | None = None
-    for other in (rounding.optimistic(), rounding_for(context.problem, exact=True)):
-        plan, outcome = _improve(context, other, weights, plan)
-        if outcome.status == "optimal" and other.exact:
-            return plan, Status.OPTIMAL, 0.0
+    def run(self, rounding: Rounding) -> None:
+        """One run from the best plan: take its plan if it fits and is faster; its bound if it bounds the real budget.
+
+        The conservative model is stricter than the budget, so its bound bounds nothing real;
+        the optimistic and the exact ones are relaxations of (or equal to) the real problem.
+        """
+        outcome = self._try(rounding=rounding, start=self.best)
+        self.stopped |= outcome.stopped
+        if outcome.plan is not None and outcome.fits and (
+                self.weights.evaluate(outcome.plan) < self.weights.evaluate(self.best)):
+            self.best = outcome.plan
+        relaxation = rounding.exact or not rounding.up
+        if relaxation and outcome.bound is not None:
+            self._raise_bound(outcome.bound)
+        if relaxation and outcome.certified and outcome.fits:
+            self._raise_bound(self.weights.evaluate(outcome.plan))  # its optimum, found and checked
+        if outcome.status == "infeasible" and rounding.well_scaled and relaxation:
+            logger.warning("ilp: the %s backend calls budget %d infeasible although %s keeps %d bytes within it; "
+                           "numerical trouble, nothing proven", self.context.backend, self.context.budget_bytes,
+                           self.best.solver, self.best.kept_bytes)
+        logger.debug("ilp: %d-byte units rounded %s: %s, bound %s, certified %s", rounding.quantum,
+                     "exactly" if rounding.exact else ("up" if rounding.up else "down"), outcome.status,
+                     outcome.bound, outcome.certified)
+
+    def lp_bound(self, rounding: Rounding) -> None:
+        """The LP relaxation's optimum: a weak but honest bound when no run gave one."""
+        outcome = self._try(rounding=rounding, mip=False)
         if outcome.bound is not None:
-            bound = outcome.bound if bound is None else max(bound, outcome.bound)
-        gap = relative_gap(weights.evaluate(plan), bound)
-        if gap is not None and gap <= CLOSED_GAP:
-            return plan, Status.OPTIMAL, 0.0
-    if bound is None:
-        bound = _lp_bound(context, rounding.optimistic(), weights)
-    return plan, Status.FEASIBLE, relative_gap(weights.evaluate(plan), bound)
+            self._raise_bound(outcome.bound)
+
+    def verdict(self) -> tuple[Status, float | None]:
+        if self.closed:
+            return Status.OPTIMAL, 0.0
+        # With no bound believed, recompute time is still at least 0: a gap of 100%, said as such.
+        gap = relative_gap(self.weights.evaluate(self.best), 0.0 if self.bound is None else self.bound)
+        stopped = self.stopped or time.perf_counter() >= self.context.deadline
+        return (Status.TIME_LIMIT if stopped else Status.FEASIBLE), gap
+
+    def _raise_bound(self, bound: float) -> None:
+        self.bound = bound if self.bound is None else max(self.bound, bound)
+
+    def _try(self, **options: object) -> Outcome:
+        if time.perf_counter() >= self.context.deadline:  # the limit holds: no run starts after it
+            self.stopped = True
+            return Outcome(MipResult(status="no_solution", backend=self.context.backend, stopped=True))
+        return _try_run(self.context, self.weights, **options)
 
 
-def _improve(context: _Context, rounding: Rounding, weights: Weights, plan: Plan) -> tuple[Plan, Outcome]:
-    """Solve another rounding from ``plan``; keep its answer if it fits the real budget and is better."""
-    outcome = _try_run(context, rounding, weights, start=plan)
-    if outcome.plan is not None and outcome.fits and weights.evaluate(outcome.plan) < weights.evaluate(plan):
-        plan = outcome.plan
-    logger.debug("ilp: %d-byte units rounded %s: %s, bound %s", rounding.quantum,
-                 "exactly" if rounding.exact else ("up" if rounding.up else "down"), outcome.status, outcome.bound)
-    return plan, outcome
+def _fewest_bytes(context: _Context, plan: Plan, weights: Weights) -> Plan:
+    """Among plans no slower than ``plan``, one keeping the fewest bytes, then the fewest recomputes.
+
+    A well-scaled run with a time row at ``plan``'s time (``solve_once``'s ``time_cap``); its
+    answer is taken only if it is really no slower and keeps fewer bytes (or as many, with fewer
+    recomputes). Needs no budget row: fewer bytes than ``plan`` fit whatever ``plan`` fits.
+    """
+    if time.perf_counter() >= context.deadline:
+        return plan
+    cap = weights.evaluate(plan) * (1 + 1e-9) + 1e-9
+    outcome = _try_run(context, weights, rounding=rounding_for(context.problem), start=plan, time_cap=cap)
+    found = outcome.plan
+    if found is None or found.kept_bytes > context.budget_bytes:
+        return plan
+    slower = found.recompute_seconds > plan.recompute_seconds * (1 + 1e-12) + 1e-15
+    smaller = (found.kept_bytes, len(found.recomputed)) < (plan.kept_bytes, len(plan.recomputed))
+    return found if smaller and not slower else plan
 
 
-def _lp_bound(context: _Context, rounding: Rounding, weights: Weights) -> float | None:
-    """The LP relaxation's optimum: a weak but honest bound when the backend reports none."""
-    outcome = _try_run(context, rounding, weights, mip=False)
-    return outcome.result.objective if outcome.status == "optimal" else None
-
-
-def _try_run(context: _Context, rounding: Rounding, weights: Weights, **options: object) -> Outcome:
+def _try_run(context: _Context, weights: Weights, *, rounding: Rounding, **options: object) -> Outcome:
     """A run that only sharpens the answer: a crash costs the bound, not the plan already found."""
     try:
         return solve_once(context.problem, context.budget_bytes, rounding=rounding, weights=weights,
                           time_limit=_remaining(context.deadline), backend=context.backend, threads=context.threads,
                           **options)
     except SolverError as error:
-        logger.warning("ilp: a bounding run failed, the gap may be unknown: %s", error)
+        logger.warning("ilp: a run failed, the gap may be unknown: %s", error)
         return Outcome(MipResult(status="no_solution", backend=context.backend))

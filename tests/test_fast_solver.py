@@ -159,7 +159,7 @@ def test_tiny_time_limit_still_gives_a_valid_plan() -> None:
     budget = min_feasible_bytes(problem, backend="cbc") + 8
     plan = solve_fast(problem, budget, time_limit=1e-4)
     plan.check()
-    assert plan.kept_bytes <= budget and plan.status in ("optimal", "feasible")
+    assert plan.kept_bytes <= budget and plan.status in ("optimal", "feasible", "time_limit")
 
 
 def test_views_are_paid_once() -> None:

@@ -14,11 +14,11 @@ import itertools
 import operator
 from dataclasses import dataclass, field
 
+from .._cut import BLOCKED, DOWN, NEEDED, RELAXED, Network, capacities
 from .._graph import relevant_values
 from ..errors import SolverError
 from ..problem import Problem, closure_from_keep_set
 from .blocks import Decomposition
-from .network import BLOCKED, DOWN, NEEDED, RELAXED, Network, capacities
 
 # Coupling values open at once in the dynamic program; more are fixed (see Oracle).
 MAX_OPEN_COUPLINGS = 6

@@ -107,6 +107,8 @@ def solve_fast(
             plan = _plan_of(problem, refined)
             gap = relative_gap(plan.recompute_seconds, lower)
     status = Status.OPTIMAL if proven or gap <= CLOSED_GAP else Status.FEASIBLE
+    if status is Status.FEASIBLE and time.perf_counter() >= deadline:
+        status = Status.TIME_LIMIT
     logger.info("fast: %d groups, %d classes, %d cuts, %d hull points; budget %d B, kept %d B, recompute %.6g s, "
                 "%s, gap %.3g, %.3fs", len(oracle.split.groups), len(oracle.split.classes), oracle.cuts,
                 len(search.points), budget_bytes, plan.kept_bytes, plan.recompute_seconds, status, gap,

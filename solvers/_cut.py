@@ -1,4 +1,7 @@
-"""The min-cut network of one group of values: keep/recompute without the budget row is an s-t cut.
+"""Keep/recompute without the budget row is an s-t minimum cut: the networks, and Dinic's max-flow.
+
+Used by the fast planner (one network per group of values, ``solvers.fast``) and, with free
+recomputes and byte capacities, for the exact fewest bytes a plan can keep (``min_bytes_cut``).
 
 Each forward value ``v`` becomes two nodes ``in_v -> out_v``:
 
@@ -20,18 +23,21 @@ Capacities are integers, rounded down, so every cut value is a valid lower bound
 
 from __future__ import annotations
 
+import itertools
+import math
+from collections import deque
 from dataclasses import dataclass
 from typing import Mapping
 
-from .._graph import effectively_recomputable
-from ..problem import Problem
-from .maxflow import INFINITE, FlowGraph
+from ._graph import effectively_recomputable, relevant_values
+from .problem import Problem
 
 # Capacities are scaled so the total recompute cost is about this many integer units.
 COST_UNITS = 2.0**40
 DOWN = 1.0 - 1e-12  # rounding capacities down absorbs float error in the products
 
 NEEDED, BLOCKED, RELAXED = 1, 0, 2  # coupling states (see solvers.fast.blocks)
+INFINITE = math.inf
 
 
 
@@ -110,11 +116,93 @@ def _rebuilt_from_storage(problem: Problem, v: int, storage: int, relevant: froz
 
 
 
+class FlowGraph:
+    """A flow network on integer nodes with paired residual edges (``e ^ 1`` is ``e``'s reverse).
+
+    Dinic's algorithm, iterative (graphs can be deep); about 5x faster than networkx's
+    Boykov-Kolmogorov on these graphs, which matters when a sweep runs hundreds of cuts.
+    """
+
+    __slots__ = ("cap", "head", "size", "to")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.head: list[list[int]] = [[] for _ in range(size)]
+        self.to: list[int] = []
+        self.cap: list[float] = []
+
+    def add(self, u: int, v: int, capacity: float) -> int:
+        edge = len(self.to)
+        self.head[u].append(edge)
+        self.to.append(v)
+        self.cap.append(capacity)
+        self.head[v].append(edge + 1)
+        self.to.append(u)
+        self.cap.append(0)
+        return edge
+
+    def min_cut(self, source: int, sink: int) -> tuple[int, list[bool]] | None:
+        """(max-flow value, which nodes are on the source side), or None if every cut is infinite."""
+        head, to, size = self.head, self.to, self.size
+        cap = list(self.cap)
+        total = 0
+        while True:
+            level = [-1] * size
+            level[source] = 0
+            queue = deque([source])
+            while queue:
+                u = queue.popleft()
+                for e in head[u]:
+                    if cap[e] > 0 and level[to[e]] < 0:
+                        level[to[e]] = level[u] + 1
+                        queue.append(to[e])
+            if level[sink] < 0:
+                break
+            cursor = [0] * size
+            while True:
+                path: list[int] | None = []
+                u = source
+                while u != sink:
+                    edges, i, wanted = head[u], cursor[u], level[u] + 1
+                    while i < len(edges) and not (cap[edges[i]] > 0 and level[to[edges[i]]] == wanted):
+                        i += 1
+                    cursor[u] = i
+                    if i < len(edges):
+                        path.append(edges[i])
+                        u = to[edges[i]]
+                    elif u == source:
+                        path = None
+                        break
+                    else:  # dead end: retreat
+                        level[u] = -2
+                        u = to[path.pop() ^ 1]
+                        cursor[u] += 1
+                if path is None:
+                    break
+                pushed = min(cap[e] for e in path)
+                if pushed == INFINITE:
+                    return None
+                for e in path:
+                    cap[e] -= pushed
+                    cap[e ^ 1] += pushed
+                total += pushed
+        reached = [False] * size
+        reached[source] = True
+        queue = deque([source])
+        while queue:
+            u = queue.popleft()
+            for e in head[u]:
+                if cap[e] > 0 and not reached[to[e]]:
+                    reached[to[e]] = True
+                    queue.append(to[e])
+        return int(total), reached
+
+
 class Network:
     """One group's flow network for one assignment of coupling states; keep capacities set per lambda."""
 
     def __init__(self, problem: Problem, caps: Capacities, members: tuple[int, ...], touched: tuple[int, ...],
-                 pattern: tuple[int, ...], bound: bool) -> None:
+                 pattern: tuple[int, ...], bound: bool, free_recompute: bool = False) -> None:
         values = problem.values
         state = dict(zip(touched, pattern))
         position = {v: k for k, v in enumerate(members)}
@@ -135,8 +223,8 @@ class Network:
                 elif state.get(u) == BLOCKED:
                     blocked = True  # the input is not in backward: this value cannot be recomputed
             recompute = caps.recomputable[v] and not blocked
-            graph.add(self.source, node_in,
-                      int(value.recompute_seconds * caps.scale * DOWN) if recompute else INFINITE)
+            seconds = 0 if free_recompute else int(value.recompute_seconds * caps.scale * DOWN)
+            graph.add(self.source, node_in, seconds if recompute else INFINITE)
             if v in problem.backward_reads or state.get(v) == NEEDED:
                 graph.add(node_out, self.sink, INFINITE)
         self.graph = graph
@@ -152,3 +240,48 @@ class Network:
         value, source_side = result
         kept = tuple(k for k, _, _ in self.keep_edges if source_side[2 * k] and not source_side[2 * k + 1])
         return value, kept
+
+
+# Storages kept through several values are enumerated (paid or not) up to this many.
+MAX_SHARED_STORAGES = 10
+
+
+def min_bytes_cut(problem: Problem) -> frozenset[int] | None:
+    """A keep set with the fewest bytes any valid plan keeps, exact to the byte; None if too many to enumerate.
+
+    With recomputes free and each keep edge carrying its storage's bytes (Python integers, no
+    rounding), the minimum cut is the least bytes of any plan when each storage is kept through
+    one value. A storage several values could keep (a mutated alias, or a view the network does
+    not rebuild from its base) must be paid once however many are kept: each such storage is
+    either paid (its values kept for free, its bytes added) or not (none of them kept), and every
+    combination is cut; the least total wins. None with more than ``MAX_SHARED_STORAGES``.
+    """
+    relevant = relevant_values(problem)
+    caps = capacities(problem, relevant)
+    sizes, values = problem.storage_bytes, problem.values
+    holders: dict[int, list[int]] = {}
+    for v in caps.keep_plan:
+        if sizes[values[v].storage] > 0:
+            holders.setdefault(values[v].storage, []).append(v)
+    shared = sorted(s for s, vs in holders.items() if len(vs) > 1)
+    if len(shared) > MAX_SHARED_STORAGES:
+        return None
+    members = tuple(sorted(relevant))
+    network = Network(problem, caps, members, (), (), bound=False, free_recompute=True)
+    best: tuple[int, frozenset[int]] | None = None
+    for paid in itertools.product((False, True), repeat=len(shared)):
+        charged = {s for s, p in zip(shared, paid) if p}
+        cap = network.graph.cap
+        for k, edge, nbytes in network.keep_edges:
+            storage = values[members[k]].storage
+            cap[edge] = nbytes if storage not in shared else (0 if storage in charged else INFINITE)
+        result = network.graph.min_cut(network.source, network.sink)
+        if result is None:
+            continue
+        value, source_side = result
+        total = value + sum(sizes[s] for s in charged)
+        if best is None or total < best[0]:
+            keep = frozenset(members[k] for k, _, _ in network.keep_edges
+                             if source_side[2 * k] and not source_side[2 * k + 1])
+            best = (total, keep)
+    return None if best is None else best[1]
