@@ -29,6 +29,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from remat_pass.solvers import (
+    BASELINES,
     SOLVER_INFO,
     SOLVERS,
     BudgetInfeasibleError,
@@ -180,7 +181,7 @@ def check_peak(problem: Problem, budget: int, plan_or_error: Plan | BudgetInfeas
 
 def run_case(name: str, backend: str, problem: Problem, budget: int) -> str:
     info = SOLVER_INFO[name]
-    options = {"backend": backend, "time_limit": 20} if name in ("ilp", "fast", "ilp_peak") else {}
+    options = {"backend": backend, "time_limit": 20} if name not in BASELINES else {}
     try:
         answer: Plan | BudgetInfeasibleError = solve(problem, budget, name, **options)
     except BudgetInfeasibleError as error:
@@ -201,7 +202,7 @@ def planners() -> list[tuple[str, str]]:
     """(planner, backend) pairs: the ILP-backed planners on both backends, heuristics once."""
     pairs = []
     for name in SOLVERS:
-        uses_backend = name in ("ilp", "fast", "ilp_peak")
+        uses_backend = name not in BASELINES
         pairs += [(name, backend) for backend in BACKENDS] if uses_backend else [(name, "-")]
     return pairs
 
