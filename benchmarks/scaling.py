@@ -198,7 +198,8 @@ def _layer_rows(plan: Plan, layer: int) -> dict[str, int]:
 
 def run_llama70b(args: argparse.Namespace) -> dict[str, Any]:
     from remat_pass.estimate import Policy, Workload, layer_activation_bytes
-    from remat_pass.planning import block_depth, plan_with_report
+    from remat_pass.planning import plan_with_report
+    from remat_pass.report import block_depth
 
     began = time.perf_counter()
     model = llama_model(args.llama_layers, args)

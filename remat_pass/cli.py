@@ -238,7 +238,7 @@ def _run_explain(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**explanation.to_dict(), "pieces": traced.pieces, "plots": written}, indent=2))
     else:
-        explanation.render()
+        explanation.show()
         for path in written:
             print(f"wrote {path}")
     return 0

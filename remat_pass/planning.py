@@ -25,17 +25,14 @@ its mask (on CUDA it is kept instead; for bf16/fp16 models the two agree).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
-from collections import Counter
 from typing import Any, Iterator
 
 import torch
 from torch import nn
 
 from remat_pass import solvers
-from remat_pass.solvers.baselines import block_of
-from remat_pass.solvers.problem import Plan, Problem, format_bytes
+from remat_pass.solvers.problem import Plan
 
 from .budget import parse_budget
 from .costs import DeviceProfile
@@ -51,27 +48,17 @@ from .pipeline import (
     resolve_budget_kind,
     trace_step,
 )
-from .report import format_flops
+from .report import PlanReport, block_depth
 
 logger = logging.getLogger(__name__)
 
-@dataclasses.dataclass(frozen=True)
-class PlanReport:
-    """A plan and what the traced step adds to it: FLOPs and forward time, to put recompute in proportion."""
-
-    plan: Plan
-    step_flops: int
-    forward_seconds: float
-    pieces: int = 1
-
-    def render(self, depth: int | None = None, limit: int = 200) -> str:
-        """Headline, predicted activation memory and recompute overhead, then one row per module at ``depth``
-        (default: the depth of the repeated blocks, e.g. "model.layers.12")."""
-        return report(self.plan, depth=depth, step_flops=self.step_flops, forward_seconds=self.forward_seconds,
-                      limit=limit)
-
-    def __str__(self) -> str:
-        return self.render()
+# Why plan() differs from optimize/explain/sweep (device "cpu", solver "ilp"): those trace and run
+# the step on this machine, where the CPU cost model describes what runs and the graphs are small
+# enough for the exact ILP. plan() exists to plan a step too big to run here (meta tensors) for the
+# accelerator it will train on: a GPU cost model, and the fast planner, which scales to 80-layer
+# models where the ILP takes minutes.
+PLAN_DEVICE = "h100"
+PLAN_SOLVER = "fast"
 
 
 def plan(
@@ -79,8 +66,8 @@ def plan(
     example_inputs: Any,
     budget: object = DEFAULT_BUDGET,
     *,
-    device: str | DeviceProfile = "h100",
-    solver: str = "fast",
+    device: str | DeviceProfile = PLAN_DEVICE,
+    solver: str = PLAN_SOLVER,
     budget_kind: str = BudgetKind.AUTO,
     loss_fn: LossFn | None = None,
     time_limit: float = DEFAULT_TIME_LIMIT,
@@ -97,7 +84,7 @@ def plan(
     any name in ``solvers.SOLVERS`` ("fast" scales to deep models; "ilp" is exact but slow there).
     Parameters, buffers and inputs on the meta device are traced as fake tensors, nothing is
     allocated; real tensors run one forward on their device. ``loss_fn(output, *inputs)`` makes
-    the loss part of the planned step. ``verbose`` prints ``report(plan)`` per module at ``depth``.
+    the loss part of the planned step. ``verbose`` prints the report (``PlanReport.text``) per module at ``depth``.
     ``offload=True`` also lets saved values go to host memory (``optimize``'s option).
 
     Raises BudgetInfeasibleError (with the smallest feasible budget) when nothing fits.
@@ -115,8 +102,8 @@ def plan_with_report(
     example_inputs: Any,
     budget: object = DEFAULT_BUDGET,
     *,
-    device: str | DeviceProfile = "h100",
-    solver: str = "fast",
+    device: str | DeviceProfile = PLAN_DEVICE,
+    solver: str = PLAN_SOLVER,
     budget_kind: str = BudgetKind.AUTO,
     loss_fn: LossFn | None = None,
     time_limit: float = DEFAULT_TIME_LIMIT,
@@ -124,7 +111,7 @@ def plan_with_report(
     host_budget: object = None,
     **solver_options: Any,
 ) -> PlanReport:
-    """``plan`` plus the step's FLOPs and forward time, for ``PlanReport.render``."""
+    """``plan`` plus the step's FLOPs and forward time: a ``PlanReport`` at the blocks' depth."""
     if solver not in solvers.SOLVERS:
         raise ValueError(f"unknown solver {solver!r}; choose one of {', '.join(sorted(solvers.SOLVERS))}")
     parsed = parse_budget(budget)
@@ -137,8 +124,8 @@ def plan_with_report(
     options = PlanOptions(parsed, solver, device, time_limit, budget_kind, dict(solver_options), offload=offload,
                           host_budget_bytes=parse_host_budget(host_budget))
     made = plan_problem(traced.problem, options).plan
-    forward = sum(v.recompute_seconds for v in traced.problem.values if not v.available)
-    return PlanReport(made, traced.step_flops, forward, traced.pieces)
+    return PlanReport(made, traced.step_flops, traced.forward_seconds, traced.pieces, budget=parsed,
+                      depth=block_depth(made.problem))
 
 
 def _output(output: Any, *_inputs: Any) -> Any:
@@ -213,56 +200,4 @@ def _as_fake_cpu(model: nn.Module, inputs: tuple[Any, ...]) -> Iterator[tuple[An
             table[name] = tensor
 
 
-# --- the account ------------------------------------------------------------------------------
-
-
-def block_depth(problem: Problem) -> int | None:
-    """How many path parts name a repeated block ("model.layers.12" -> 3); None without blocks."""
-    prefixes = Counter(block_of(v.module) for v in problem.values if v.module)
-    prefixes.pop(None, None)
-    if not prefixes:
-        return None
-    common = Counter(len(p.split(".")) for p in prefixes)
-    return common.most_common(1)[0][0]
-
-
-def report(plan: Plan, *, depth: int | None = None, step_flops: int | None = None,
-           forward_seconds: float | None = None, limit: int = 200) -> str:
-    """Plain-text account of a plan: totals, predicted memory, recompute overhead, per-module rows."""
-    problem = plan.problem
-    depth = depth if depth is not None else block_depth(problem)
-    gap = "n/a" if plan.gap is None else f"{plan.gap:.2%}"
-    budget = "none" if plan.budget_bytes is None else format_bytes(plan.budget_bytes)
-    lines = [
-        f"Plan by {plan.solver} ({plan.status}, gap {gap}, solved in {plan.solve_seconds:.2f}s) on {problem.device}",
-        f"  budget           {budget} ({'peak of the step' if plan.budget_kind == 'peak' else 'saved for backward'})",
-        f"  activations kept {format_bytes(plan.kept_bytes)} of {format_bytes(plan.keep_all_bytes)} without remat "
-        f"({plan.kept_fraction:.1%})",
-    ]
-    if plan.predicted_peak_bytes is not None:
-        lines.append(f"  predicted peak   {format_bytes(plan.predicted_peak_bytes)} of activation memory in the step "
-                     "(activations, their gradients and recomputed temporaries; no weights or optimizer state)")
-    if plan.offloaded:
-        lines.append(f"  offloaded        {format_bytes(plan.offloaded_bytes)} to host memory, "
-                     f"{plan.exposed_transfer_seconds * 1e3:.3f} ms of transfer not hidden by compute")
-    overhead = f"  recompute        {plan.recompute_seconds * 1e3:.3f} ms ({problem.device} roofline), " \
-               f"{format_flops(plan.recompute_flops)}"
-    if step_flops:
-        overhead += f" = {plan.recompute_flops / step_flops:.2%} of the step's {format_flops(step_flops)}"
-    lines.append(overhead)
-    if forward_seconds:
-        lines.append(f"                   ~{plan.recompute_seconds / (3 * forward_seconds):.2%} of the step's time "
-                     f"(estimated as 3x the forward's {forward_seconds * 1e3:.3f} ms)")
-    rows = plan.per_module(depth)
-    lines.append(f"  per module (depth {depth}): policy, kept / recomputed / keep-all bytes, recompute time")
-    width = max((len(r.module) for r in rows), default=10)
-    for row in rows[:limit]:
-        lines.append(f"    {row.module or '(top level)':<{width}}  {row.policy:<9} {format_bytes(row.kept_bytes):>10} "
-                     f"{format_bytes(row.recomputed_bytes):>10} {format_bytes(row.keep_all_bytes):>10} "
-                     f"{row.recompute_seconds * 1e3:9.3f} ms")
-    if len(rows) > limit:
-        lines.append(f"    ... {len(rows) - limit} more")
-    return "\n".join(lines)
-
-
-__all__ = ["PlanReport", "block_depth", "plan", "plan_with_report", "report", "traceable"]
+__all__ = ["PlanReport", "plan", "plan_with_report", "traceable"]

@@ -42,6 +42,11 @@ class TracedStep:
     pieces: int = 1
     annotated: tuple[AnnotatedGraph, ...] = field(default=(), repr=False, compare=False)
 
+    @property
+    def forward_seconds(self) -> float:
+        """The cost model's time for the forward: every value the step computes, once."""
+        return sum(v.recompute_seconds for v in self.problem.values if not v.available)
+
 
 class _WithLoss(nn.Module):
     """model + loss in one forward, so the loss's saved tensors are planned too."""

@@ -9,7 +9,8 @@ from torch.nn import functional as F
 
 import remat_pass
 from remat_pass.examples import GPT, GPTConfig
-from remat_pass.planning import block_depth, plan_with_report, report
+from remat_pass.planning import plan_with_report
+from remat_pass.report import block_depth, report
 
 CONFIG = GPTConfig(vocab_size=64, seq_len=16, layers=2, hidden=32, heads=2, dropout=0.1)
 
