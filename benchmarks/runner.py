@@ -13,6 +13,7 @@ from typing import Any, Callable
 import torch
 
 from benchmarks import metrics
+from remat_pass import measure
 from benchmarks.models import ModelSpec, Workload, build
 from benchmarks.strategies import Options, Prepared, Strategy, prepare
 
@@ -57,7 +58,7 @@ def _loss_saved_bytes(model: torch.nn.Module, work: Workload, device: torch.devi
         logits = model(*work.inputs)
     logits.requires_grad_(True)
     hooked = metrics.saved_bytes(lambda: work.loss_fn(logits, work.target), exclude=[logits, work.target])
-    loss, held = metrics.held_bytes(lambda: work.loss_fn(logits, work.target), device)
+    loss, held = measure.held_bytes(lambda: work.loss_fn(logits, work.target), device)
     del loss
     return hooked, held
 
@@ -96,7 +97,7 @@ def _measure(
     row["rng_matches_eager"] = prepared.rng_matches_eager
 
     prepared.zero_grad()
-    timeline = metrics.memory_timeline(prepared.step, device, lambda: [p.grad for p in prepared.params])
+    timeline = measure.allocator_peak(prepared.step, device, lambda: [p.grad for p in prepared.params])
     row["peak_bytes"] = timeline.peak
     row["peak_act_bytes"] = timeline.peak_excluding
     row["grad_bytes"] = metrics.storage_bytes([p.grad for p in prepared.params if p.grad is not None])
@@ -116,7 +117,7 @@ def _measure(
         box.clear()
     row["saved_bytes"] = hooked + extra
     with prepared.context():
-        loss, row["held_bytes"] = metrics.held_bytes(prepared.forward, device)
+        loss, row["held_bytes"] = measure.held_bytes(prepared.forward, device)
         del loss
 
     # Two FLOP counters, each blind somewhere: FlopCounterMode cannot see compiled graphs (dynamo

@@ -3,8 +3,8 @@
     python -m benchmarks.timeline --model gpt --budget 0.4 --budget-kind peak --out benchmarks/out/timeline
 
 Traces the benchmark model once (loss included), plans it like ``optimize`` would, and draws
-``remat_pass.simulate.timeline`` (the plan-level simulator, checked against the allocator in
-tests/test_peak.py) with ``remat_pass.plots.plot_memory_timeline``.
+``remat_pass.report.memory_timeline`` (the plan-level model, checked against the graph replay and
+the allocator in tests/test_peak.py) with ``remat_pass.plots.plot_memory_timeline``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Sequence
 from remat_pass.explain import explain_traced
 from remat_pass.pipeline import trace_step
 from remat_pass.plots import plot_memory_timeline
-from remat_pass.simulate import timeline
+from remat_pass.report import memory_timeline
 
 from .models import ModelSpec, build
 
@@ -34,7 +34,7 @@ def draw(kind: str, budget: float, budget_kind: str, out: Path, spec: ModelSpec 
     plan = explain_traced(traced, budget, budget_kind=budget_kind).plan
     out.mkdir(parents=True, exist_ok=True)
     title = f"{work.spec.label}: {budget_kind} budget {budget:g}, {plan.solver} ({plan.status})"
-    return plot_memory_timeline(timeline(traced, plan), out / f"timeline_{kind}_{budget_kind}{budget:g}.png",
+    return plot_memory_timeline(memory_timeline(plan), out / f"timeline_{kind}_{budget_kind}{budget:g}.png",
                                 title=title)
 
 

@@ -39,6 +39,8 @@ from remat_pass.solvers.problem import (
 
 from .capture import JointGraph
 from .collectives import collective_seconds, is_collective
+from .compat import concrete_int as _concrete  # symbolic sizes: torch internals live in compat
+from .compat import is_symbolic as _is_symbolic
 from .costs import DeviceProfile, get_profile
 
 logger = logging.getLogger(__name__)
@@ -478,34 +480,6 @@ def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
         return StorageWeakRef(a.untyped_storage()) == StorageWeakRef(b.untyped_storage())
     except (NotImplementedError, RuntimeError):  # sparse or opaque tensors have no storage
         return False
-
-
-def _is_symbolic(val: Any) -> bool:
-    return isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool))
-
-
-def _concrete(x: Any) -> int:
-    """An int for a possibly symbolic size: its hint, without adding a guard.
-
-    A data-dependent size (``h[h > 0]``, ``nonzero``) has no hint: take the upper bound dynamo
-    proved for it (e.g. every element selected), so that a plan's bytes are never under-counted
-    and the budget still holds; 0 only when no usable bound exists.
-    """
-    if isinstance(x, torch.SymInt):
-        hint = x.node.hint
-        return int(hint) if hint is not None else _upper_bound(x)
-    return int(x)
-
-
-def _upper_bound(x: torch.SymInt) -> int:
-    try:
-        upper = x.node.shape_env.bound_sympy(x.node.expr).upper
-        if upper.is_finite and int(upper) < 2**48:
-            return int(upper)
-    except Exception as error:  # no shape env or an expression it cannot bound
-        logger.debug("no upper bound for %s: %s", x, error)
-    logger.warning("data-dependent size %s has no usable upper bound; planning counts it as 0 bytes", x)
-    return 0
 
 
 def _dtype_of(val: Any) -> torch.dtype:

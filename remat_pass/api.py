@@ -20,6 +20,7 @@ from remat_pass.solvers.problem import Plan
 
 from .dynamo_backend import RematBackend
 from .capture import capture_failure
+from .compat import recompile_limit, recompile_limit_errors
 from .costs import DeviceProfile
 from .distributed import reject_wrapped_model
 from .errors import CaptureError, RematError
@@ -28,8 +29,7 @@ from .pipeline import DEFAULT_BUDGET
 logger = logging.getLogger(__name__)
 
 Signature = tuple[Hashable, ...]
-# Raised when dynamo gives up recompiling; absent in older torch (then nothing matches it).
-_RECOMPILE_LIMIT_HIT = getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", ())
+_RECOMPILE_LIMIT_HIT = recompile_limit_errors()  # absent in older torch: then nothing matches
 
 
 def input_signature(training: bool, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Signature:
@@ -108,7 +108,7 @@ class RematModule(nn.Module):
         except torch._dynamo.exc.TorchDynamoException as error:
             raise capture_failure(error) from error
         except _RECOMPILE_LIMIT_HIT as error:  # not a TorchDynamoException
-            limit = getattr(torch._dynamo.config, "recompile_limit", None) or torch._dynamo.config.cache_size_limit
+            limit = recompile_limit()
             raise CaptureError(
                 f"dynamo's recompile limit for this forward ({limit}, torch._dynamo.config.recompile_limit) is "
                 f"reached: every new input signature (shapes, dtypes, train/eval) is captured and planned again "

@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import fx
 
+from .compat import PartitionerBase, has_custom_partitioner, use_boxed_codegen
 from .errors import CaptureError
 
 logger = logging.getLogger(__name__)
@@ -64,10 +65,7 @@ def _boxed_eager(gm: fx.GraphModule, _example_inputs: Sequence[Any]) -> Callable
     Boxed calling lets the graph drop each saved tensor after its last use in backward;
     an unboxed call would keep every argument alive until the whole graph returns.
     """
-    from torch.fx.graph import _BoxedCodeGen
-
-    gm.graph.set_codegen(_BoxedCodeGen())
-    gm.recompile()
+    use_boxed_codegen(gm)
     forward = gm.forward
 
     def run(args: list[Any]) -> Any:
@@ -77,13 +75,7 @@ def _boxed_eager(gm: fx.GraphModule, _example_inputs: Sequence[Any]) -> Callable
     return run
 
 
-try:  # Inductor type-checks custom partitioners against this base class
-    from torch._inductor.custom_graph_pass import CustomPartitionerFn as _PartitionerBase
-except ImportError:  # older torch: no custom partitioner support at all (checked below)
-    _PartitionerBase = object  # type: ignore[misc,assignment]
-
-
-class _InductorPartitioner(_PartitionerBase):  # type: ignore[misc,valid-type]
+class _InductorPartitioner(PartitionerBase):  # type: ignore[misc,valid-type]
     """Our partition function in the shape Inductor accepts as ``custom_partitioner_fn``."""
 
     def __init__(self, handler: JointGraphHandler) -> None:
@@ -101,7 +93,7 @@ def _inductor_backend(handler: JointGraphHandler) -> Callable[[fx.GraphModule, l
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx
 
-    if not hasattr(inductor_config, "custom_partitioner_fn"):
+    if not has_custom_partitioner():
         raise CaptureError(
             f"inner='inductor' needs torch._inductor.config.custom_partitioner_fn, which torch "
             f"{torch.__version__} lacks; use inner='eager' or a newer torch"

@@ -268,7 +268,7 @@ def _explain_plots(traced: Any, explanation: Any, budget: Any, solver: str, fold
                    options: dict[str, Any]) -> list[str]:
     """The Pareto curve of a budget sweep, and the simulated memory timeline against keep-all."""
     from remat_pass.plots import plot_memory_timeline, plot_pareto
-    from remat_pass.simulate import timeline
+    from remat_pass.report import memory_timeline
     from remat_pass.tradeoff import DEFAULT_BUDGETS, sweep_traced
 
     budgets = DEFAULT_BUDGETS if budget.fraction in DEFAULT_BUDGETS else (*DEFAULT_BUDGETS, budget)
@@ -276,7 +276,7 @@ def _explain_plots(traced: Any, explanation: Any, budget: Any, solver: str, fold
     sweep_options = {k: v for k, v in options.items() if k != "budget_kind"}
     curve = sweep_traced(traced, budgets, solver, **sweep_options)
     written = [str(plot_pareto(curve, folder / "pareto.png", highlight=explanation.plan))]
-    series = timeline(traced, explanation.plan)
+    series = memory_timeline(explanation.plan)
     written.append(str(plot_memory_timeline(series, folder / "memory_timeline.png")))
     return written
 

@@ -3,13 +3,23 @@
 ``saved_activation_bytes`` counts what autograd actually holds for backward; the plan's
 ``kept_bytes`` must equal it. Parameters, buffers and inputs are excluded because they are
 alive anyway; that is the same line the planner draws with "available" values.
+
+``allocator_peak`` (and its shorthands ``peak_activation_bytes``, ``held_bytes``) is the third of
+the three memory accounts, the measurement: what the allocator really did. The other two are
+predictions: ``solvers.memory.simulate_plan`` (``PlanMemory``, the plan-level model the planners
+use) and ``remat_pass.simulate.simulate`` (``GraphMemory``, an independent replay of the rewritten
+graphs). The tests and the benchmarks both measure with this module.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, TypeVar
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, TypeVar
 
 import torch
+
+from .compat import allocator_events
 
 T = TypeVar("T")
 
@@ -57,46 +67,92 @@ def saved_activation_bytes(fn: Callable[[], T], exclude: Iterable[torch.Tensor] 
     return result, sum(sizes.values())
 
 
-def peak_activation_bytes(fn: Callable[[], T], survivors: Callable[[], Iterable[torch.Tensor]] = lambda: ()) -> tuple[T, int]:
-    """Call ``fn``; return its result and the peak of bytes allocated during it (allocator level).
+@dataclass(frozen=True)
+class AllocatorPeak:
+    """What the allocator saw during a call, relative to what was live before it.
 
-    Replays the allocation and free events ``torch.profiler`` records with
-    ``profile_memory=True``: live bytes relative to the start of the call, so memory that was
-    allocated before (parameters, inputs) never counts. The last allocation at the address
-    of each tensor ``survivors()`` returns after the call (pass the parameter gradients) is
-    left out, so the number is the peak of activations and temporaries. Works for CPU; on CUDA
-    prefer ``torch.cuda.max_memory_allocated``.
+    ``peak`` counts every allocation; ``peak_excluding`` leaves out the allocations still alive
+    at the end as one of the ``survivors`` (the parameter gradients), so it is the
+    activations-and-temporaries peak. ``end`` is what the call left allocated; ``events`` how many
+    allocator events were replayed.
     """
-    import warnings
 
+    peak: int
+    peak_excluding: int
+    end: int
+    events: int
+
+
+def _profiled(fn: Callable[[], T]) -> tuple[T, Any]:
     from torch.profiler import ProfilerActivity, profile
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        # CPU activity is enough: allocator events of every device are reported through it.
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             result = fn()
-    kept = {t.untyped_storage().data_ptr() for t in survivors() if t is not None}
-    events = _allocation_events(prof)
-    last_allocation = {ptr: index for index, (ptr, size) in enumerate(events) if size > 0 and ptr in kept}
+    return result, prof
+
+
+def _replay(events: list[tuple[int, int, int]], survivors: Iterable[torch.Tensor | None]) -> AllocatorPeak:
+    kept = {t.untyped_storage().data_ptr() for t in survivors if t is not None}
+    # The last allocation at a survivor's address is the survivor itself.
+    last_allocation = {ptr: index for index, (_, ptr, size) in enumerate(events) if size > 0 and ptr in kept}
     excluded = set(last_allocation.values())
-    live = peak = 0
-    for index, (_, size) in enumerate(events):
+    live = live_excluding = peak = peak_excluding = 0
+    for index, (_, _, size) in enumerate(events):
+        live += size
         if index not in excluded:
-            live += size
-            peak = max(peak, live)
-    return result, peak
+            live_excluding += size
+        peak, peak_excluding = max(peak, live), max(peak_excluding, live_excluding)
+    return AllocatorPeak(peak, peak_excluding, live, len(events))
 
 
-def _allocation_events(prof: object) -> list[tuple[int, int]]:
-    """(address, signed bytes) of the CPU allocator events, in time order."""
-    from torch._C._profiler import _EventType
+def allocator_peak(
+    fn: Callable[[], Any],
+    device: torch.device | str = "cpu",
+    survivors: Callable[[], Iterable[torch.Tensor | None]] = lambda: (),
+) -> AllocatorPeak:
+    """Run ``fn`` under the profiler with ``profile_memory`` and replay its allocator events.
 
-    found: list[tuple[int, int, int, int]] = []
-    stack = list(prof.profiler.kineto_results.experimental_event_tree())  # type: ignore[attr-defined]
-    while stack:
-        event = stack.pop()
-        if event.tag == _EventType.Allocation and event.extra_fields.device.type == "cpu":
-            found.append((event.start_time_ns, len(found), event.extra_fields.ptr, event.extra_fields.alloc_size))
-        stack.extend(event.children)
-    found.sort()
-    return [(ptr, size) for _, _, ptr, size in found]
+    ``fn``'s result is dropped before the profiler stops, so ``end`` is what ``fn`` left behind
+    beyond its result. On CPU a free is only reported for a block whose allocation the profiler
+    saw, so blocks live before the call never show: the timeline starts at 0 by construction.
+
+    >>> measured = allocator_peak(lambda: torch.empty(1000))
+    >>> measured.peak, measured.end  # the tensor is freed when the lambda's result is dropped
+    (4000, 0)
+    """
+
+    def call_and_drop() -> list[torch.Tensor | None]:
+        result = fn()
+        kept = list(survivors())
+        del result
+        return kept
+
+    kept, prof = _profiled(call_and_drop)
+    return _replay(allocator_events(prof, torch.device(device).type), kept)
+
+
+def peak_activation_bytes(fn: Callable[[], T], survivors: Callable[[], Iterable[torch.Tensor]] = lambda: ()) -> tuple[T, int]:
+    """Call ``fn``; return its result and the peak of bytes allocated during it (allocator level).
+
+    The CPU allocator's ``allocator_peak(...).peak_excluding``, with ``fn``'s result returned:
+    memory allocated before the call (parameters, inputs) never counts, and neither does the
+    last allocation at the address of each tensor ``survivors()`` returns after the call (pass
+    the parameter gradients), so the number is the peak of activations and temporaries. Works
+    for CPU; on CUDA prefer ``torch.cuda.max_memory_allocated``.
+    """
+    result, prof = _profiled(fn)
+    return result, _replay(allocator_events(prof, "cpu"), survivors()).peak_excluding
+
+
+def held_bytes(fn: Callable[[], T], device: torch.device | str = "cpu") -> tuple[T, int]:
+    """``fn``'s result and the bytes allocated during ``fn`` that are still live when it returns.
+
+    For a forward pass that is what the autograd graph holds for backward (saved tensors,
+    checkpoint RNG states, recomputation caches, compiled graphs' saved activations), plus the
+    outputs. The caller drops the result.
+    """
+    result, prof = _profiled(fn)
+    return result, sum(size for _, _, size in allocator_events(prof, torch.device(device).type))

@@ -35,6 +35,7 @@ from remat_pass import solvers
 from remat_pass.solvers.problem import Plan
 
 from .budget import parse_budget
+from .compat import fake_tensor_mode, is_fake
 from .costs import DeviceProfile
 from .offload import check_offload_options, parse_host_budget
 from .pipeline import (
@@ -147,7 +148,7 @@ def traceable(model: nn.Module, inputs: tuple[Any, ...]) -> Iterator[tuple[Any, 
     parameters and buffers are swapped in place and put back afterwards); fake tensors are
     traced in their own mode; real tensors are left alone."""
     tensors = list(_tensors(model, inputs))
-    fakes = [t for t in tensors if isinstance(t, torch._subclasses.fake_tensor.FakeTensor)]
+    fakes = [t for t in tensors if is_fake(t)]
     if fakes:
         mode = fakes[0].fake_mode
         allowed = mode.allow_non_fake_inputs
@@ -166,9 +167,7 @@ def traceable(model: nn.Module, inputs: tuple[Any, ...]) -> Iterator[tuple[Any, 
 
 @contextlib.contextmanager
 def _as_fake_cpu(model: nn.Module, inputs: tuple[Any, ...]) -> Iterator[tuple[Any, ...]]:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    mode = fake_tensor_mode(allow_non_fake_inputs=True)
     made: dict[int, torch.Tensor] = {}  # tied weights stay tied
 
     def fake(tensor: torch.Tensor) -> torch.Tensor:

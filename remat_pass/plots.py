@@ -88,9 +88,8 @@ def plot_memory_timeline(timeline: Mapping[str, Sequence[tuple[float, float]]], 
     """Memory over the step, one line per series; writes a PNG at ``path``.
 
     ``timeline`` maps a series name to ``(step, bytes)`` pairs, typically two series such as
-    ``{"keep-all": [...], "plan": [...]}``. This is the hook for the memory simulator:
-    ``remat-pass explain --plot`` draws ``remat_pass.simulate.timeline(traced, plan)`` once that
-    function exists (``traced`` is the ``pipeline.TracedStep``, with its annotated graphs).
+    ``{"keep-all": [...], "plan": [...]}``, as ``remat_pass.report.memory_timeline(plan)`` returns
+    (what ``remat-pass explain --plot`` draws).
     """
     if not timeline:
         raise ValueError("nothing to plot: the timeline has no series")

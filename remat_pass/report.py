@@ -210,6 +210,27 @@ class PlanReport:
         return data
 
 
+def memory_timeline(plan: Plan) -> dict[str, list[tuple[int, int]]]:
+    """Live activation bytes over the step, un-rematerialized against ``plan``, for plotting.
+
+    The series come from the plan-level model (``solvers.simulate_plan``), which the tests check
+    against the graph-level replay (``remat_pass.simulate``) and the CPU allocator
+    (``remat_pass.measure``); it needs no graphs, so it works for merged multi-graph steps too.
+
+    >>> # from remat_pass.plots import plot_memory_timeline
+    >>> # plot_memory_timeline(memory_timeline(plan), "memory.png")
+    """
+    from remat_pass import solvers
+
+    problem = plan.problem
+    series = {}
+    for name, chosen in (("keep all (no remat)", solvers.solve(problem, solver="keep_all")),
+                         (f"plan ({plan.solver})", plan)):
+        memory = solvers.simulate_plan(problem, chosen)
+        series[name] = list(enumerate([*memory.forward_live, *memory.backward_live]))
+    return series
+
+
 def report(plan: Plan, *, depth: int | None = None, step_flops: int | None = None,
            forward_seconds: float | None = None, limit: int = 200) -> str:
     """Plain-text account of a plan alone (``PlanReport.text``); ``depth`` defaults to the blocks'."""
@@ -217,4 +238,4 @@ def report(plan: Plan, *, depth: int | None = None, step_flops: int | None = Non
     return PlanReport(plan, step_flops or 0, forward_seconds, depth=depth).text(limit)
 
 
-__all__ = ["PlanReport", "block_depth", "format_flops", "report"]
+__all__ = ["PlanReport", "block_depth", "format_flops", "memory_timeline", "report"]

@@ -12,17 +12,16 @@ seeds), which changes between torch releases; we only choose what is saved and r
 
 from __future__ import annotations
 
-import inspect
 import logging
 
 import torch
 from torch import fx
-from torch._functorch import partitioners
 
 from remat_pass.solvers.problem import Plan
 
 from . import offload
-from .annotate import AnnotatedGraph, _is_symbolic, dropout_replay_sources
+from .annotate import AnnotatedGraph, dropout_replay_sources
+from .compat import extract_fwd_bwd_modules, is_symbolic
 from .errors import RematError
 
 logger = logging.getLogger(__name__)
@@ -39,7 +38,8 @@ def rewrite(annotated: AnnotatedGraph, plan: Plan) -> tuple[fx.GraphModule, fx.G
     saved_values += offload.saved_bases(annotated.problem, plan, nodes)
     recomputed_names = {nodes[i].name for i in plan.recomputed} | offload.rebuilt_views(annotated.problem, plan, nodes)
     recomputed_names |= _replay_dropouts(module.graph, nodes, plan)
-    forward, backward = _extract(module, saved_values, saved_symbols, joint.num_fwd_outputs, joint.partition_kwargs)
+    forward, backward = extract_fwd_bwd_modules(module, saved_values, saved_symbols, joint.num_fwd_outputs,
+                                                joint.partition_kwargs.get("static_lifetime_input_indices"))
     _drop_unused_forward_copies(backward.graph, annotated, recomputed_names)
     _check_recomputation(backward, annotated, recomputed_names)
     _schedule_just_in_time(backward.graph, recomputed_names)
@@ -105,30 +105,11 @@ def _saved_nodes(annotated: AnnotatedGraph, plan: Plan, nodes: list[fx.Node]) ->
     tensors, symbols = [], []
     for i in sorted(needed - plan.recomputed):
         node = nodes[i]
-        if _is_symbolic(node.meta.get("val")):
+        if is_symbolic(node.meta.get("val")):
             symbols.append(node)
         elif i in plan.kept or node.op == "placeholder":
             tensors.append(node)  # constants (get_attr) are not passed: extraction copies them
     return tensors, symbols
-
-
-def _extract(
-    joint_module: fx.GraphModule,
-    saved_values: list[fx.Node],
-    saved_symbols: list[fx.Node],
-    num_fwd_outputs: int,
-    partition_kwargs: dict,
-) -> tuple[fx.GraphModule, fx.GraphModule]:
-    extract = partitioners._extract_fwd_bwd_modules
-    accepted = inspect.signature(extract).parameters
-    kwargs = {"num_fwd_outputs": num_fwd_outputs}
-    static_indices = partition_kwargs.get("static_lifetime_input_indices")
-    if "static_lifetime_input_nodes" in accepted and static_indices is not None:
-        from torch.utils._ordered_set import OrderedSet
-
-        placeholders = joint_module.graph.find_nodes(op="placeholder")
-        kwargs["static_lifetime_input_nodes"] = OrderedSet(placeholders[i] for i in static_indices)
-    return extract(joint_module, list(saved_values), list(saved_symbols), **kwargs)
 
 
 def _drop_unused_forward_copies(graph: fx.Graph, annotated: AnnotatedGraph, recomputed_names: set[str]) -> None:

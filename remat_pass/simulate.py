@@ -1,4 +1,9 @@
-"""A memory simulator: the live-bytes timeline of one training step from its two graphs.
+"""The graph-level memory replay: the live-bytes timeline of one training step from its two graphs.
+
+This is the independent check of the plan-level model (``solvers.memory.simulate_plan``,
+``PlanMemory``), which the planners use: the pipeline replays every rewritten pair of graphs
+here and re-plans where the two disagree. The third account, what the allocator really did,
+is measured by ``remat_pass.measure.allocator_peak``.
 
 Given the forward and backward GraphModules of a step (ours, or any partitioner's), replay
 them node by node as the eager FX runtime executes them: a node allocates the storages of
@@ -29,7 +34,7 @@ from torch import fx
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten
 
-from .annotate import _concrete
+from .compat import concrete_int
 
 FORWARD, BACKWARD = "forward", "backward"
 
@@ -45,8 +50,8 @@ class MemoryEvent:
 
 
 @dataclass(frozen=True)
-class MemoryTimeline:
-    """The simulated step: every event, the peak, and where it happened."""
+class GraphMemory:
+    """The replayed step: every event, the peak, and where it happened."""
 
     events: tuple[MemoryEvent, ...]
     peak_bytes: int
@@ -78,7 +83,7 @@ def _storages_of(node: fx.Node) -> list[tuple[StorageWeakRef, int]]:
     for tensor in _tensors(node.meta.get("val")):
         key = _storage(tensor)
         if key is not None:
-            found.append((key, _concrete(tensor.untyped_storage().nbytes())))
+            found.append((key, concrete_int(tensor.untyped_storage().nbytes())))
     return found
 
 
@@ -141,7 +146,7 @@ def _storage_last_use(nodes: list[fx.Node]) -> dict[StorageWeakRef, int]:
     return last
 
 
-def simulate(forward: fx.GraphModule, backward: fx.GraphModule) -> MemoryTimeline:
+def simulate(forward: fx.GraphModule, backward: fx.GraphModule) -> GraphMemory:
     """The live activation bytes over forward then backward, and the peak.
 
     >>> # forward, backward = remat_pass.rewrite.rewrite(annotated, plan)
@@ -169,7 +174,7 @@ def simulate(forward: fx.GraphModule, backward: fx.GraphModule) -> MemoryTimelin
     gradient_sizes = {key: nbytes for node in _output_nodes(backward.graph) for key, nbytes in _storages_of(node)}
     gradient_bytes = sum(nbytes for key, nbytes in gradient_sizes.items() if key in gradients)
     peak = max(replay.events, key=lambda event: event.live_bytes, default=MemoryEvent(0, FORWARD, "", 0))
-    return MemoryTimeline(
+    return GraphMemory(
         events=tuple(replay.events),
         peak_bytes=peak.live_bytes,
         peak_node=peak.node,
@@ -177,24 +182,3 @@ def simulate(forward: fx.GraphModule, backward: fx.GraphModule) -> MemoryTimelin
         saved_bytes=saved_bytes,
         gradient_bytes=gradient_bytes,
     )
-
-
-def timeline(traced: Any, plan: Any) -> dict[str, list[tuple[int, int]]]:
-    """Live activation bytes over the step, un-rematerialized against ``plan``, for plotting.
-
-    ``traced`` is anything with a ``.problem`` (``remat_pass.pipeline.trace_step``'s result);
-    the series come from the plan-level simulator (``solvers.simulate_plan``), which the
-    tests check against this module's graph replay and the CPU allocator.
-
-    >>> # from remat_pass.plots import plot_memory_timeline
-    >>> # plot_memory_timeline(timeline(traced, plan), "memory.png")
-    """
-    from remat_pass import solvers
-
-    problem = traced.problem
-    series = {}
-    for name, chosen in (("keep all (no remat)", solvers.solve(problem, solver="keep_all")), (f"plan ({plan.solver})", plan)):
-        memory = solvers.simulate_plan(problem, chosen)
-        points = list(memory.forward_live) + list(memory.backward_live)
-        series[name] = list(enumerate(points))
-    return series

@@ -74,43 +74,6 @@ def test_smoke_has_a_remat_row_once_optimize_imports(smoke):
     assert row["held_bytes"] < rows["none"]["held_bytes"]
 
 
-def test_memory_timeline_hand_counted():
-    kept: list[torch.Tensor] = []
-
-    def fn():
-        a = torch.empty(1000)  # 4000 B
-        kept.append(torch.empty(2000))  # 8000 B, survives, excluded like a gradient
-        kept.append(torch.empty(500))  # 2000 B, survives, counted
-        del a
-
-    timeline = metrics.memory_timeline(fn, CPU, survivors=lambda: kept[:1])
-    assert (timeline.peak, timeline.peak_excluding, timeline.end) == (14000, 6000, 10000)
-
-
-def test_memory_timeline_of_a_matmul_chain():
-    x = torch.randn(128, 128)
-
-    def fn():
-        y = x @ x  # 64 KiB
-        z = y @ x  # 64 KiB, y still alive
-        del y
-        return z.sum()
-
-    timeline = metrics.memory_timeline(fn, CPU)
-    # y and z together; mm allocates nothing else; everything is freed by the end.
-    assert (timeline.peak, timeline.end) == (2 * 128 * 128 * 4, 0)
-
-
-def test_held_bytes_equals_saved_tensors_for_eager():
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
-    x = torch.randn(8, 64)
-    loss, held = metrics.held_bytes(lambda: model(x).sum(), CPU)
-    saved = metrics.saved_bytes(lambda: model(x).sum(), exclude=[x, *model.parameters()])
-    assert saved == 8 * 64 * 4  # the ReLU output, saved by ReLU and the second Linear
-    assert held == saved + loss.nbytes
-
-
 @pytest.mark.parametrize("kind", ["gpt", "llama", "resnet"])
 def test_profiler_flops_match_flop_counter_mode(kind):
     spec = ModelSpec(kind, layers=2, hidden=32, heads=2, seq=16, batch=2, vocab=64, dropout=0.0)

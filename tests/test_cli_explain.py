@@ -95,21 +95,20 @@ def test_infeasible_budget_exits_1_and_names_the_smallest(capsys, monkeypatch):
 
 
 def test_memory_timeline_is_drawn_from_the_simulator(tmp_path, capsys, monkeypatch):
-    from remat_pass import simulate
+    from remat_pass import report
 
     seen = []
-    simulated = simulate.timeline
+    simulated = report.memory_timeline
 
-    def timeline(traced, plan):
-        assert traced.problem is plan.problem and len(traced.annotated) == 1
+    def timeline(plan):
         seen.append(plan)
-        series = simulated(traced, plan)
+        series = simulated(plan)
         assert len(series) == 2 and all(points for points in series.values())
         keep_all, planned = series.values()
         assert keep_all[-1][0] > 0 and planned[-1][0] > 0  # forward and backward events, both series
         return series
 
-    monkeypatch.setattr(simulate, "timeline", timeline)
+    monkeypatch.setattr(report, "memory_timeline", timeline)
     monkeypatch.chdir(ROOT)
     assert main(["explain", f"{FACTORY}:factory_dropout", "--budget", "0.5", "--plot", str(tmp_path)]) == 0
     assert len(seen) == 1 and seen[0].budget_bytes == 160

@@ -1,0 +1,164 @@
+"""Every private or version-dependent torch API remat_pass relies on, in one place.
+
+torch's public surface does not cover what a graph pass needs (symbolic sizes, AOTAutograd's
+partitioner helpers, boxed FX codegen, profiler allocator events, fake tensors), so these come
+from private modules that move between releases. Keeping them here means a new torch version is
+checked in one file, and each shim says what it guards. The project is tested on torch 2.13
+(CPU); the GPU machines may run older releases (2.11), hence the fallbacks.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any, Sequence
+
+import torch
+from torch import fx
+
+logger = logging.getLogger(__name__)
+
+# --- symbolic sizes ---------------------------------------------------------------------------
+
+
+def is_symbolic(val: Any) -> bool:
+    """True for a scalar graph value (a SymInt/SymFloat/SymBool or a plain number), not a tensor."""
+    return isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool))
+
+
+def concrete_int(x: Any) -> int:
+    """An int for a possibly symbolic size: its hint, without adding a guard.
+
+    A data-dependent size (``h[h > 0]``, ``nonzero``) has no hint: take the upper bound dynamo
+    proved for it (e.g. every element selected), so that a plan's bytes are never under-counted
+    and the budget still holds; 0 only when no usable bound exists.
+    """
+    if isinstance(x, torch.SymInt):
+        hint = x.node.hint  # private: SymNode.hint
+        return int(hint) if hint is not None else _upper_bound(x)
+    return int(x)
+
+
+def _upper_bound(x: torch.SymInt) -> int:
+    try:
+        upper = x.node.shape_env.bound_sympy(x.node.expr).upper
+        if upper.is_finite and int(upper) < 2**48:
+            return int(upper)
+    except Exception as error:  # no shape env or an expression it cannot bound
+        logger.debug("no upper bound for %s: %s", x, error)
+    logger.warning("data-dependent size %s has no usable upper bound; planning counts it as 0 bytes", x)
+    return 0
+
+
+# --- dynamo -----------------------------------------------------------------------------------
+
+
+def recompile_limit_errors() -> tuple[type[BaseException], ...]:
+    """What dynamo raises when it gives up recompiling (not a TorchDynamoException); absent in
+    older torch, where nothing is raised and this is empty."""
+    import torch._dynamo.exc
+
+    error = getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", None)
+    return (error,) if error is not None else ()
+
+
+def recompile_limit() -> int:
+    """dynamo's recompile limit (``recompile_limit``; ``cache_size_limit`` before torch 2.6)."""
+    import torch._dynamo.config
+
+    config = torch._dynamo.config
+    return getattr(config, "recompile_limit", None) or config.cache_size_limit
+
+
+# --- FX and AOTAutograd -----------------------------------------------------------------------
+
+
+def use_boxed_codegen(gm: fx.GraphModule) -> None:
+    """Generate ``gm``'s code to take its arguments as one list it clears (boxed calling), so
+    the graph can drop each argument after its last use."""
+    from torch.fx.graph import _BoxedCodeGen
+
+    gm.graph.set_codegen(_BoxedCodeGen())
+    gm.recompile()
+
+
+try:  # Inductor type-checks custom partitioners against this base class (torch >= 2.9)
+    from torch._inductor.custom_graph_pass import CustomPartitionerFn as PartitionerBase
+except ImportError:  # older torch: no custom partitioner support at all (see has_custom_partitioner)
+    PartitionerBase = object  # type: ignore[misc,assignment]
+
+
+def has_custom_partitioner() -> bool:
+    """Whether Inductor accepts ``custom_partitioner_fn`` (needed for ``inner="inductor"``)."""
+    from torch._inductor import config as inductor_config
+
+    return hasattr(inductor_config, "custom_partitioner_fn")
+
+
+def extract_fwd_bwd_modules(joint_module: fx.GraphModule, saved_values: Sequence[fx.Node],
+                            saved_symbols: Sequence[fx.Node], num_fwd_outputs: int,
+                            static_lifetime_input_indices: Sequence[int] | None = None,
+                            ) -> tuple[fx.GraphModule, fx.GraphModule]:
+    """AOTAutograd's own forward/backward extraction, with the arguments this torch accepts."""
+    from torch._functorch import partitioners
+
+    extract = partitioners._extract_fwd_bwd_modules
+    accepted = inspect.signature(extract).parameters
+    kwargs: dict[str, Any] = {"num_fwd_outputs": num_fwd_outputs}
+    if "static_lifetime_input_nodes" in accepted and static_lifetime_input_indices is not None:
+        from torch.utils._ordered_set import OrderedSet
+
+        placeholders = joint_module.graph.find_nodes(op="placeholder")
+        kwargs["static_lifetime_input_nodes"] = OrderedSet(placeholders[i] for i in static_lifetime_input_indices)
+    return extract(joint_module, list(saved_values), list(saved_symbols), **kwargs)
+
+
+# --- fake tensors -----------------------------------------------------------------------------
+
+
+def is_fake(tensor: Any) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(tensor, FakeTensor)
+
+
+def fake_tensor_mode(**options: Any) -> Any:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    return FakeTensorMode(**options)
+
+
+# --- profiler ---------------------------------------------------------------------------------
+
+
+def allocator_events(prof: Any, device_type: str) -> list[tuple[int, int, int]]:
+    """(time ns, address, signed bytes) of the allocator events ``prof`` recorded on ``device_type``.
+
+    ``prof`` is a finished ``torch.profiler.profile(profile_memory=True)``. Events come from the
+    profiler's event tree (private: ``kineto_results.experimental_event_tree``). Events with the
+    same timestamp keep their pre-order position in the tree, which is the order they happened
+    in (a parent op's allocation before its children's, siblings in turn); sorting by time alone,
+    or visiting the tree in any other order, can put a free before the allocation it follows.
+    """
+    from torch._C._profiler import _EventType
+
+    found: list[tuple[int, int, int, int]] = []
+    stack = list(reversed(prof.profiler.kineto_results.experimental_event_tree()))
+    order = 0
+    while stack:
+        event = stack.pop()
+        if event.tag == _EventType.Allocation:
+            fields = event.extra_fields
+            if fields.device.type == device_type:
+                found.append((event.start_time_ns, order, fields.ptr, fields.alloc_size))
+            order += 1
+        stack.extend(reversed(event.children))
+    found.sort()
+    return [(t, ptr, size) for t, _, ptr, size in found]
+
+
+__all__ = [
+    "PartitionerBase", "allocator_events", "concrete_int", "extract_fwd_bwd_modules", "fake_tensor_mode",
+    "has_custom_partitioner", "is_fake", "is_symbolic", "recompile_limit", "recompile_limit_errors",
+    "use_boxed_codegen",
+]
