@@ -7,7 +7,6 @@ import sys
 
 import pytest
 
-import remat_pass
 from remat_pass.errors import InvalidBudgetError
 from remat_pass.pipeline import trace_step
 from remat_pass.plots import plot_memory_timeline, plot_pareto
