@@ -29,19 +29,25 @@ import pulp
 
 from . import baselines
 from ._mip import fraction, resolve_backend, run_mip
-from ._model import Model, build, plan_from, rounding_for, weights_for
+from ._model import Model, build, plan_from, rounding_for, time_weights, weights_for
+from ._run import solve_once
 from .errors import BudgetInfeasibleError
 from .memory import PlanMemory, _backward_events, backward_steps_of, simulate_plan
+from .peak_rows import PeakRows, cuts_at
 from .problem import Plan, Problem
 from .registry import Decision, planner
-from .status import DEFAULT_TIME_LIMIT, BudgetKind, Status
+from .status import DEFAULT_TIME_LIMIT, BudgetKind, Status, relative_gap
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_ROUNDS = 4
+# Rounds of valid cuts (each one ILP solve) before the peak-row search gives up.
+CUT_ROUNDS = 12
 # Saved-bytes caps (fractions of keep-all) probed when a search finds nothing that fits.
 PROBE_FRACTIONS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7)
 PROBE_TIME_LIMIT = 30.0
+# A plan this close (relative) to the proven lower bound is called optimal.
+PROVEN_GAP = 1e-6
 
 
 @dataclass(frozen=True)
@@ -179,9 +185,13 @@ def solve_peak(
     search = _Search(problem, budget_bytes, resolve_backend(backend), began + time_limit, threads, cap_solver)
     search.host_budget_bytes = host_budget_bytes
     search.candidates += [_Candidate(p, simulate_plan(problem, p)) for p in baselines.heuristic_plans(problem)]
-    search.over_saved_cap(keep_all_memory)
-    if search.overshooting_cap is not None and cap_solver == "ilp":
-        search.with_peak_rows(search.overshooting_cap, rounds)
+    bound: float | None = None
+    if cap_solver == "ilp":
+        bound = search.with_step_rows(CUT_ROUNDS)
+    if search._left() > 0.1:  # the saved-bytes-cap search finds other plans: keep the best of both
+        search.over_saved_cap(keep_all_memory)
+        if search.overshooting_cap is not None and cap_solver == "ilp":
+            search.with_peak_rows(search.overshooting_cap, rounds)
     fitting = [c for c in search.candidates if c.memory.peak_bytes <= budget_bytes]
     if not fitting:
         # The stated minimum must itself work when tried, so it comes from a fixed probe of
@@ -192,8 +202,10 @@ def solve_peak(
             lowest = min(c.memory.peak_bytes for c in probes)
             raise BudgetInfeasibleError(budget_bytes, lowest, keep_all_memory.peak_bytes, kind="peak")
     best = min(fitting, key=lambda c: (c.plan.predicted_extra_seconds, c.memory.peak_bytes, c.plan.kept_bytes))
-    status, gap = (Status.OPTIMAL, 0.0) if best is search.proven else (Status.FEASIBLE, None)
-    return _finish(best.plan, best.memory, status, gap)
+    gap = relative_gap(best.plan.predicted_extra_seconds, bound)
+    if gap is not None and gap <= PROVEN_GAP:
+        return _finish(best.plan, best.memory, Status.OPTIMAL, 0.0)
+    return _finish(best.plan, best.memory, Status.FEASIBLE, gap)
 
 
 class _Search:
@@ -207,6 +219,7 @@ class _Search:
         self.overshooting_cap: int | None = None
         self.proven: _Candidate | None = None
         self.floor = 0  # no cap below the smallest feasible saved bytes makes sense
+        self.proven_infeasible = False  # the relaxation of the peak rows has no solution
         self.host_budget_bytes: int | None = None  # for cap_solver "ilp_offload"
 
     def _left(self) -> float:
@@ -285,6 +298,55 @@ class _Search:
             else:
                 cap = (fits_at + over_at) // 2
         self.overshooting_cap = over_at if fits_at is not None and over_at is not None else None
+
+    def with_step_rows(self, rounds: int) -> float | None:
+        """Plans from the ILP with a valid peak row per backward interval (``peak_rows``).
+
+        First the relaxation (storages rounded down, exact seconds as the objective): its bound
+        is a proven lower bound on the recompute seconds of any plan that fits, returned. Then
+        the same rows rounded up, tightened after each round by what the simulated plan still
+        overshoots. Every plan becomes a candidate. None when no bound was proven.
+        """
+        problem, rounding = self.problem, rounding_for(self.problem)
+        seconds, unit = time_weights(problem)
+        relaxed = rounding.optimistic()
+        outcome = solve_once(problem, None, rounding=relaxed, weights=seconds, time_limit=max(self._left() / 3, 0.1),
+                             backend=self.backend, threads=self.threads,
+                             extension=PeakRows(problem, self.budget, relaxed))
+        if outcome.status == "infeasible":
+            self.proven_infeasible = True
+            return None
+        bound = outcome.bound * unit if outcome.bound is not None else None
+        if outcome.plan is not None:
+            self._add(outcome.plan)
+        margin, cuts = 0, set()
+        weights = weights_for(problem)
+        for round_index in range(rounds):
+            if self._left() <= 0.1:
+                break
+            outcome = solve_once(problem, None, rounding=rounding, weights=weights, time_limit=self._left(),
+                                 backend=self.backend, threads=self.threads,
+                                 extension=PeakRows(problem, self.budget, rounding, margin, tuple(sorted(
+                                     cuts, key=lambda c: (c.step, c.storage, c.literals)))))
+            if outcome.plan is None:
+                break
+            candidate = self._add(outcome.plan)
+            logger.debug("ilp_peak: step rows, margin %d, %d cuts: kept %d, peak %d (budget %d)", margin, len(cuts),
+                         outcome.plan.kept_bytes, candidate.memory.peak_bytes, self.budget)
+            if candidate.memory.peak_bytes <= self.budget:
+                break
+            step, alive, _ = _alive_at_peak(problem, outcome.plan, candidate.memory)
+            new = set(cuts_at(problem, outcome.plan, step, alive)) - cuts if step is not None else set()
+            if new:
+                cuts |= new
+            else:  # nothing valid explains the excess: ask the rows for that much more room
+                margin += candidate.memory.peak_bytes - self.budget
+        return bound
+
+    def _add(self, plan: Plan) -> _Candidate:
+        candidate = _Candidate(plan, simulate_plan(self.problem, plan))
+        self.candidates.append(candidate)
+        return candidate
 
     def with_peak_rows(self, cap: int, rounds: int) -> None:
         """From a cap whose plan overshoots, add peak rows until a plan fits (or rounds run out)."""

@@ -36,3 +36,51 @@ def test_a_recomputed_output_is_a_second_tensor():
     rebuilt = Plan(problem, frozenset(), frozenset({1}), "manual")
     assert simulate_plan(problem, kept).peak_bytes == 100
     assert simulate_plan(problem, rebuilt).peak_bytes == 200
+
+
+def _brute_force(problem: Problem) -> list[tuple[int, float]]:
+    """(simulated peak, recompute seconds) of every keep-set closure: every plan worth making."""
+    from itertools import combinations
+
+    from remat_pass.solvers._graph import relevant_values
+    from remat_pass.solvers.problem import closure_from_keep_set
+
+    keepable = sorted(v for v in relevant_values(problem) if problem.values[v].keepable)
+    seen, found = set(), []
+    for size in range(len(keepable) + 1):
+        for keep in combinations(keepable, size):
+            kept, recomputed = closure_from_keep_set(problem, keep)
+            if (kept, recomputed) in seen:
+                continue
+            seen.add((kept, recomputed))
+            plan = Plan(problem, kept, recomputed, "brute")
+            found.append((simulate_plan(problem, plan).peak_bytes, plan.recompute_seconds))
+    return found
+
+
+def test_peak_planner_against_brute_force():
+    """On the two-block transformer of the solver tests: never over budget, a refusal only when no
+    plan fits, "optimal" only at the true optimum, a stated gap never smaller than the true one."""
+    import pytest
+
+    from remat_pass.solvers import BudgetInfeasibleError, solve
+
+    from .test_solvers import transformer
+
+    problem = transformer()
+    plans = _brute_force(problem)
+    lowest, highest = min(p for p, _ in plans), max(p for p, _ in plans)
+    for budget in sorted({lowest - 1, lowest, *range(lowest, highest + 1, max((highest - lowest) // 12, 1)), highest}):
+        fitting = [seconds for peak, seconds in plans if peak <= budget]
+        if not fitting:
+            with pytest.raises(BudgetInfeasibleError):
+                solve(problem, budget, "ilp_peak", time_limit=10)
+            continue
+        plan = solve(problem, budget, "ilp_peak", time_limit=10)
+        best = min(fitting)
+        assert plan.predicted_peak_bytes <= budget
+        assert plan.recompute_seconds >= best - 1e-12
+        if plan.status == "optimal":
+            assert plan.recompute_seconds == pytest.approx(best, rel=1e-6, abs=1e-12), budget
+        if plan.gap is not None:
+            assert plan.recompute_seconds - best <= plan.gap * plan.recompute_seconds + 1e-9, budget

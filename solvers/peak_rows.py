@@ -1,0 +1,215 @@
+"""The peak budget as rows of the keep/recompute ILP: one per backward interval, all valid.
+
+Under the just-in-time schedule (``solvers.memory``) some storages are alive at backward step
+``t`` in *every* plan that makes a given choice, whatever else it does:
+
+* a kept value whose last direct backward read is at or after ``t`` (kept from the forward
+  until its last use);
+* a recomputed value whose direct reads span ``t`` (materialized no later than its first read,
+  freed no earlier than its last);
+
+and at the forward's end every kept storage is alive.
+
+Those storages, the step's plan-independent working set and the step's outputs (held to the
+end) must fit the budget. Every real plan that fits satisfies these rows, so the ILP under them
+is a *relaxation*: its optimum, with storages rounded down and the room rounded up, is a proven
+lower bound on the least recompute time of any plan whose simulated peak fits. What the rows
+leave out is what a plan adds on top: a chain recomputed early and held until its values' own
+reads, a kept value that a later recomputation still reads, the transient of a replayed
+dropout. A plan the ILP returns is simulated; when that overshoots, the rows are tightened by
+the overshoot (no longer a relaxation: the bound stays the first one).
+
+The term sets change only where some value's first or last read is, so one row per interval
+between such steps (at its largest working set) is as strong as one per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulp
+
+from ._mip import MipResult, fraction
+from ._model import Model, Rounding, plan_from
+from .memory import backward_steps_of
+from .problem import Plan, Problem
+
+
+@dataclass(frozen=True)
+class _Interval:
+    """Steps ``[start, end)`` with the same terms; ``working``: their largest working set."""
+
+    start: int
+    end: int
+    working: int
+
+
+def read_spans(problem: Problem) -> tuple[dict[int, int], dict[int, int]]:
+    """First and last backward step that reads each value directly."""
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for index, step in enumerate(backward_steps_of(problem)):
+        for v in step.reads:
+            first.setdefault(v, index)
+            last[v] = index
+    return first, last
+
+
+def _intervals(problem: Problem, first: dict[int, int], last: dict[int, int]) -> list[_Interval]:
+    steps = backward_steps_of(problem)
+    cuts = sorted({0, len(steps)} | set(first.values()) | {t + 1 for t in last.values()})
+    found = []
+    for start, end in zip(cuts, cuts[1:]):
+        if start < end:
+            found.append(_Interval(start, end, max(s.working_bytes for s in steps[start:end])))
+    return found
+
+
+@dataclass(frozen=True)
+class Cut:
+    """``storage`` is alive at backward step ``step`` in every plan that makes all ``literals``
+    true (("k", v): v kept, ("r", v): v recomputed); found where a simulated plan overshoots."""
+
+    step: int
+    storage: int
+    literals: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class PeakRows:
+    """A ``ModelExtension`` for ``solve_once``: the valid peak rows at ``budget_bytes - margin``.
+
+    ``rounding`` must be the model's; with ``margin`` 0 and optimistic rounding the model is a
+    relaxation of the peak-budget problem (its bound is a lower bound), with conservative
+    rounding its plans satisfy every row in exact bytes. ``cuts`` add rows at their steps.
+    """
+
+    problem: Problem
+    budget_bytes: int
+    rounding: Rounding
+    margin: int = 0
+    cuts: tuple[Cut, ...] = ()
+
+    def add(self, model: Model) -> None:
+        problem, values, lp = self.problem, self.problem.values, model.lp
+        first, last = read_spans(problem)
+        pinned = {values[i].storage for i in problem.forward_outputs}
+        pinned_bytes = sum(problem.storage_bytes[s] for s in pinned)
+        by_storage: dict[int, list[int]] = {}
+        for v in last:
+            storage = values[v].storage
+            if problem.storage_bytes[storage] > 0 and storage not in pinned:
+                by_storage.setdefault(storage, []).append(v)
+        steps = backward_steps_of(problem)
+        rows = [(f"i{index}", interval.start, interval.working) for index, interval in
+                enumerate(_intervals(problem, first, last))]
+        rows += [(f"c{t}", t, steps[t].working_bytes) for t in sorted({cut.step for cut in self.cuts})]
+        for name, t, working in rows:
+            terms = []
+            for storage, members in by_storage.items():
+                alive = [model.keep[v] for v in members if last[v] >= t and v in model.keep]
+                alive += [model.recompute[v] for v in members if first[v] <= t <= last[v] and v in model.recompute]
+                if not alive:
+                    continue
+                size = self._units(problem.storage_bytes[storage])
+                if len(alive) == 1:
+                    terms.append(size * alive[0])
+                else:  # views of one storage: paid once however many are alive
+                    either = fraction(lp, f"alive{name}_{storage}")
+                    for variable in alive:
+                        lp += either >= variable, f"alive{name}_{storage}_{variable.name}"
+                    terms.append(size * either)
+            if name.startswith("c"):
+                terms += self._cut_terms(model, t)
+            room = self.budget_bytes - self.margin - pinned_bytes - working
+            if terms:
+                lp += pulp.lpSum(terms) <= self._room_units(room), f"peak{name}"
+        # The forward's end: every kept storage and the outputs are alive together.
+        kept = [self._units(problem.storage_bytes[s]) * g for s, g in model.paid.items() if s not in pinned]
+        if kept:
+            lp += pulp.lpSum(kept) <= self._room_units(self.budget_bytes - self.margin - pinned_bytes), "peak_forward"
+
+    def _cut_terms(self, model: Model, step: int) -> list:
+        terms, lp = [], model.lp
+        for index, cut in enumerate(c for c in self.cuts if c.step == step):
+            variables = [(model.keep if kind == "k" else model.recompute).get(v) for kind, v in cut.literals]
+            if any(variable is None for variable in variables):
+                continue  # a choice the model does not offer: the cut never applies
+            together = fraction(lp, f"cut{step}_{index}")
+            lp += together >= pulp.lpSum(variables) - (len(variables) - 1), f"cut{step}_{index}"
+            terms.append(self._units(self.problem.storage_bytes[cut.storage]) * together)
+        return terms
+
+    def _units(self, nbytes: int) -> int:
+        q = self.rounding.quantum
+        return -(-nbytes // q) if self.rounding.up else nbytes // q
+
+    def _room_units(self, nbytes: int) -> int:
+        q = self.rounding.quantum
+        nbytes = max(nbytes, 0)
+        return nbytes // q if self.rounding.up else -(-nbytes // q)
+
+    def plan_from(self, problem: Problem, model: Model, result: MipResult, **fields: object) -> Plan:
+        return plan_from(problem, model, result, **fields)
+
+
+def cuts_at(problem: Problem, plan: Plan, step: int, alive: set[int]) -> list[Cut]:
+    """Valid cuts explaining storages the rows missed at ``step`` where ``plan`` overshoots.
+
+    A recomputed value read only after ``step`` is alive there when a chain of recomputed
+    values leads from it to one read at or before ``step`` (materializing that one needs it);
+    a kept value last read before ``step`` is alive there when a recomputed reader of it
+    cannot be needed before a later step. Only storages of a single read value are cut (a
+    storage shared by views would be counted twice).
+    """
+    values = problem.values
+    first, last = read_spans(problem)
+    members: dict[int, list[int]] = {}
+    for v in last:
+        members.setdefault(values[v].storage, []).append(v)
+    users = problem.users
+    earliest = _earliest_need(problem, first)
+    found = []
+    for storage in sorted(alive):
+        if len(members.get(storage, ())) != 1:
+            continue
+        (v,) = members[storage]
+        if v in plan.recomputed and first[v] > step and last[v] >= step:
+            path = _recomputed_path(problem, plan, v, lambda w: first.get(w, step + 1) <= step)
+            if path:
+                found.append(Cut(step, storage, tuple(("r", w) for w in path)))
+        elif v in plan.kept and last[v] < step:
+            reader = next((w for w in users[v] if w in plan.recomputed and earliest[w] > step), None)
+            if reader is not None:
+                found.append(Cut(step, storage, (("k", v), ("r", reader))))
+    return found
+
+
+def _earliest_need(problem: Problem, first: dict[int, int]) -> list[int]:
+    """For each value, the first backward step reading it or any value computed from it:
+    no plan materializes it, or uses it to materialize another, before then."""
+    never = len(backward_steps_of(problem)) + 1
+    earliest = [first.get(v.id, never) for v in problem.values]
+    users = problem.users
+    for v in reversed(range(len(problem.values))):
+        for w in users[v]:
+            earliest[v] = min(earliest[v], earliest[w])
+    return earliest
+
+
+def _recomputed_path(problem: Problem, plan: Plan, start: int, needed: object) -> list[int]:
+    """A path start -> ... -> w of recomputed values whose end satisfies ``needed`` (BFS)."""
+    users = problem.users
+    parent: dict[int, int | None] = {start: None}
+    queue = [start]
+    for v in queue:
+        if v != start and needed(v):  # type: ignore[operator]
+            path = [v]
+            while parent[path[-1]] is not None:
+                path.append(parent[path[-1]])  # type: ignore[arg-type]
+            return path[::-1]
+        for w in users[v]:
+            if w in plan.recomputed and w not in parent:
+                parent[w] = v
+                queue.append(w)
+    return []
