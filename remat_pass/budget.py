@@ -3,6 +3,11 @@
 A float in (0, 1] is a fraction of the bytes the un-rematerialized step saves for backward
 (known only once the graph is captured); an int or a size string ("512MB", "2GiB") is an
 absolute cap. Booleans are rejected even though ``True`` is an int: ``budget=True`` is a bug.
+
+A string without a unit is read as the number it spells (``"0.3"`` from a config file is the
+fraction 0.3, ``"4096"`` the int 4096). A bare int below ``MIN_BARE_BYTES`` is refused: ``1``
+next to ``1.0`` (keep everything) or ``30`` meaning 30% are typing slips far more often than
+real caps, and a cap that small is spelled with its unit (``"512B"``) when it is meant.
 """
 
 from __future__ import annotations
@@ -19,6 +24,12 @@ _UNITS = {
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
 }
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+_NUMBER = re.compile(r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$")
+
+MIN_BARE_BYTES = 1024
+"""The smallest byte budget accepted as a bare int: 1 KiB, the smallest unit in the size table.
+Below it lie the spellings of a fraction or a percentage (``1``, ``30``, ``100``); no useful
+training step fits there, and a deliberate tiny cap can still be written ``"512B"``."""
 _ACCEPTED = (
     "a budget is a float in (0, 1] (fraction of the activation bytes the un-rematerialized step keeps), "
     "a positive int (bytes), or a size string such as '512MB', '1.5GB' or '2GiB' "
@@ -54,9 +65,13 @@ def parse_budget(value: object) -> Budget:
         return value
     if isinstance(value, bool) or value is None:
         raise InvalidBudgetError(f"invalid budget {value!r}: {_ACCEPTED}")
+    if isinstance(value, str) and _NUMBER.match(value):
+        return parse_budget(_as_number(value))
     if isinstance(value, int):
         if value <= 0:
             raise InvalidBudgetError(f"invalid budget {value!r}: byte budgets must be positive; {_ACCEPTED}")
+        if value < MIN_BARE_BYTES:
+            raise InvalidBudgetError(_tiny_int_message(value))
         return Budget(nbytes=value)
     if isinstance(value, float):
         if not (0.0 < value <= 1.0) or math.isnan(value):
@@ -68,6 +83,29 @@ def parse_budget(value: object) -> Budget:
     if isinstance(value, str):
         return Budget(nbytes=parse_size(value))
     raise InvalidBudgetError(f"invalid budget of type {type(value).__name__}: {_ACCEPTED}")
+
+
+def _as_number(text: str) -> int | float:
+    """``"4096"`` -> 4096, ``"0.3"`` -> 0.3, ``"1e9"`` -> 1e9: what the literal means in Python."""
+    text = text.strip()
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
+
+
+def _tiny_int_message(value: int) -> str:
+    if value == 1:
+        guess = "did you mean 1.0? (the fraction 1.0 keeps everything)"
+    elif value <= 100:
+        guess = f"did you mean {value / 100:g}? (the fraction: {value}% of keep-all)"
+    else:
+        guess = "did you mean a fraction in (0, 1]?"
+    unit = "byte" if value == 1 else "bytes"
+    return (
+        f"invalid budget {value!r}: an int is a byte count, and {value} {unit} is below {MIN_BARE_BYTES} "
+        f"(1 KiB); {guess} If you do mean {value} {unit}, write budget='{value}B'."
+    )
 
 
 def parse_size(text: str) -> int:

@@ -45,3 +45,57 @@ def test_fraction_resolves_against_keep_all_bytes():
     assert Budget(fraction=0.5).resolve(1001) == 500
     assert Budget(fraction=1.0).resolve(1001) == 1001
     assert Budget(nbytes=7).resolve(1001) == 7
+
+
+# --- spelling traps: numbers in strings, ints that mean fractions ------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("0.3", Budget(fraction=0.3)),  # a fraction read from a config file
+        (" 1.0 ", Budget(fraction=1.0)),
+        ("1e-1", Budget(fraction=0.1)),
+        (".5", Budget(fraction=0.5)),
+        ("4096", Budget(nbytes=4096)),
+        ("1e9", None),  # a float, as the literal would be: not a fraction, refused
+        ("-0.3", None),
+    ],
+)
+def test_numeric_string_parses_as_the_number_would(text, expected):
+    number = float(text) if any(c in text for c in ".e") else int(text)
+    if expected is None:
+        with pytest.raises(InvalidBudgetError):
+            parse_budget(number)
+        with pytest.raises(InvalidBudgetError):
+            parse_budget(text)
+        return
+    assert parse_budget(text) == parse_budget(number) == expected
+
+
+@pytest.mark.parametrize("value", [1, "1"])
+def test_budget_one_is_refused_with_did_you_mean_one_point_zero(value):
+    with pytest.raises(InvalidBudgetError, match=r"did you mean 1\.0\?") as raised:
+        parse_budget(value)
+    assert "budget='1B'" in str(raised.value)
+
+
+@pytest.mark.parametrize("value, guess", [(30, "0.3"), (50, "0.5"), (100, "1"), (512, "a fraction"), (1023, "a fraction")])
+def test_tiny_int_budgets_are_refused_with_a_guess(value, guess):
+    with pytest.raises(InvalidBudgetError, match=f"did you mean {guess}") as raised:
+        parse_budget(value)
+    assert f"'{value}B'" in str(raised.value) and "1 KiB" in str(raised.value)
+
+
+def test_tiny_caps_are_accepted_with_a_unit_and_bare_ints_from_one_kib():
+    from remat_pass.budget import MIN_BARE_BYTES
+
+    assert parse_budget("512B") == Budget(nbytes=512)
+    assert parse_budget(MIN_BARE_BYTES) == Budget(nbytes=MIN_BARE_BYTES)
+    with pytest.raises(InvalidBudgetError):
+        parse_budget(MIN_BARE_BYTES - 1)
+
+
+def test_optimize_refuses_budget_one_before_tracing():
+    with pytest.raises(InvalidBudgetError, match=r"did you mean 1\.0\?"):
+        remat_pass.optimize(torch.nn.Linear(2, 2), budget=1)

@@ -53,7 +53,7 @@ def test_same_inputs_same_plan(name, budget):
     try:
         first = _plan_once(name, budget)
     except remat_pass.BudgetInfeasibleError as error:
-        budget = error.min_bytes  # the smallest budget: where ties between plans are most likely
+        budget = f"{error.min_bytes}B"  # the smallest budget: where ties between plans are most likely
         first = _plan_once(name, budget, budget_kind="saved")
     for _ in range(2):
         again = _plan_once(name, budget, **({} if isinstance(budget, float) else {"budget_kind": "saved"}))
