@@ -22,8 +22,10 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from torch import fx
 
+from .capture_errors import capture_failure
 from .compat import PartitionerBase, has_custom_partitioner, use_boxed_codegen
 from .errors import CaptureError
+from .state import untouched
 
 logger = logging.getLogger(__name__)
 
@@ -120,27 +122,6 @@ def make_dynamo_backend(handler: JointGraphHandler, inner: str = "eager") -> Cal
     return aot_autograd(fw_compiler=_boxed_eager, bw_compiler=_boxed_eager, partition_fn=_partition_fn(handler))
 
 
-def capture_failure(error: BaseException) -> CaptureError:
-    """Turn a dynamo/AOTAutograd exception into an error that says what to do next."""
-    lines = [line.strip() for line in str(error).strip().splitlines()]
-    reason = lines[0] if lines and lines[0] else type(error).__name__
-    # Dynamo's first line is a category ("RuntimeError when making fake tensor call"); the
-    # specific cause (e.g. "no fake impl registered for ...") and the user's line follow it.
-    explanation = next((line[len("Explanation:"):].strip() for line in lines if line.startswith("Explanation:")), "")
-    if explanation:
-        reason += f" ({explanation[:500]})"
-    user_code = lines.index("from user code:") if "from user code:" in lines else -1
-    if 0 <= user_code < len(lines) - 1 and lines[user_code + 1].startswith("File "):
-        reason += f"\n  at {lines[user_code + 1]}"
-    return CaptureError(
-        f"could not capture the model as one graph: {type(error).__name__}: {reason}\n"
-        "Common causes: data-dependent control flow (`if x.sum() > 0`), calls into code torch.compile "
-        "cannot trace, or Python side effects in forward. Make forward traceable, or use "
-        "torch.compile(model, backend=remat_pass.backend(...)), which plans each piece between graph "
-        "breaks separately. Set TORCH_LOGS=graph_breaks to see where tracing stopped."
-    )
-
-
 def capture(model: torch.nn.Module, example_inputs: Sequence[Any]) -> list[JointGraph]:
     """Trace one training forward of ``model`` and return its joint graphs, one per piece.
 
@@ -157,16 +138,11 @@ def capture(model: torch.nn.Module, example_inputs: Sequence[Any]) -> list[Joint
         return default_partition(joint.module, None, num_fwd_outputs=joint.num_fwd_outputs, **joint.partition_kwargs)
 
     compiled = torch.compile(model, backend=make_dynamo_backend(record), dynamic=False)
-    buffers = [buffer.detach().clone() for buffer in model.buffers()]
     try:
-        with torch.random.fork_rng(devices=[]), torch.enable_grad():
+        with untouched(model, example_inputs), torch.enable_grad():
             compiled(*example_inputs)
     except torch._dynamo.exc.TorchDynamoException as error:
         raise capture_failure(error) from error
-    finally:
-        with torch.no_grad():
-            for buffer, saved in zip(model.buffers(), buffers):
-                buffer.copy_(saved)
     if not graphs:
         raise CaptureError("nothing to plan: no parameter or input requires grad, so there is no backward graph")
     return graphs

@@ -1,0 +1,41 @@
+"""Run a model once without leaving a trace: buffers and random-number state come back as they were.
+
+Capture and plan-ahead run one real forward (Dynamo needs it) before any training step. That
+forward advances the RNG (dropout) and updates buffers (BatchNorm running statistics,
+``num_batches_tracked``); the first real step must see exactly what it would have seen without
+planning, or planning ahead would change the training run. One helper, so that every caller
+restores the same things: the CPU generator, the generator of every CUDA device the model or the
+inputs live on, and every buffer's value.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_leaves
+
+__all__ = ["untouched"]
+
+
+def _cuda_devices(model: nn.Module, inputs: Any) -> list[int]:
+    """CUDA devices whose generator the run might advance (the CPU's is always saved)."""
+    tensors = [*model.parameters(), *model.buffers(), *(x for x in tree_leaves(inputs) if isinstance(x, torch.Tensor))]
+    return sorted({t.device.index if t.device.index is not None else torch.cuda.current_device()
+                   for t in tensors if t.is_cuda})
+
+
+@contextlib.contextmanager
+def untouched(model: nn.Module, inputs: Any = ()) -> Iterator[None]:
+    """Within the block, run ``model`` on ``inputs`` (any pytree) freely; on exit, even on error,
+    restore the RNG state and every buffer of ``model``."""
+    saved = [(buffer, buffer.detach().clone()) for buffer in model.buffers()]
+    try:
+        with torch.random.fork_rng(devices=_cuda_devices(model, inputs)):
+            yield
+    finally:
+        with torch.no_grad():
+            for buffer, value in saved:
+                buffer.copy_(value)
