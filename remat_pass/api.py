@@ -4,44 +4,63 @@ The returned module shares the original's parameters and buffers (nothing is cop
 original is not modified) and runs its forward through the "remat" dynamo backend with
 ``fullgraph=True`` (one graph, or a clear error) and ``dynamic=False`` (every new input
 signature is captured and planned again, so a plan is never reused for shapes it was not made
-for). Plans are cached per signature: shapes, dtypes, devices, requires_grad, train/eval.
+for). Plans are recorded per ``plan_keys.PlanKey`` (inputs, train/eval, and every parameter's
+shape, dtype, device and requires_grad: what selects the compiled graph), each as the plan the
+call actually ran; every new plan is logged at INFO with its reason.
+
+It stands in for the model: attributes it does not have itself (``config``, ``generate``,
+``save_pretrained``, ``device``, ...) are the model's, ``forward`` has the model's signature (what
+Hugging Face's Trainer inspects), and it pickles and deep-copies (compiled state is dropped and
+rebuilt; the copy plans again on its first call).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-from typing import Any, Hashable, Mapping
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
 
 from remat_pass.solvers.problem import Plan
 
-from .dynamo_backend import RematBackend
 from .capture import capture_failure
 from .compat import recompile_limit, recompile_limit_errors
 from .costs import DeviceProfile
 from .distributed import reject_wrapped_model
+from .dynamo_backend import RematBackend
 from .errors import CaptureError, RematError
+from .inputs import call_inputs, canonical, forward_signature
 from .pipeline import DEFAULT_BUDGET
+from .plan_keys import PlanKey, plan_key, replan_reason
+from .state import untouched
 
 logger = logging.getLogger(__name__)
 
-Signature = tuple[Hashable, ...]
 _RECOMPILE_LIMIT_HIT = recompile_limit_errors()  # absent in older torch: then nothing matches
 
 
-def input_signature(training: bool, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Signature:
-    """What a plan depends on: every tensor's shape, dtype, device, requires_grad; the mode."""
-    flat, spec = tree_flatten((args, dict(kwargs)))
-    parts: list[Hashable] = [training, str(spec)]
-    for leaf in flat:
-        if isinstance(leaf, torch.Tensor):
-            parts.append((tuple(leaf.shape), leaf.dtype, str(leaf.device), leaf.requires_grad))
-        else:
-            parts.append(repr(leaf))
-    return tuple(parts)
+@dataclass(frozen=True)
+class _Settings:
+    """How plans are made: all a copy or an unpickled module needs to build its own backend."""
+
+    budget: object
+    inner: str
+    solver: str
+    device: str | DeviceProfile
+    time_limit: float
+    budget_kind: str
+    offload: bool = False
+    host_budget: object = None
+    solver_options: Mapping[str, Any] = field(default_factory=dict)
+
+
+# Per-instance state that is rebuilt, never copied or pickled: it holds a lock, compiled code and
+# plans for graphs that a copy has not compiled.
+_TRANSIENT = ("_backend", "_compiled", "_plans", "_last_key", "_calls", "_signature", "forward")
 
 
 class RematModule(nn.Module):
@@ -67,34 +86,70 @@ class RematModule(nn.Module):
     ) -> None:
         super().__init__()
         self.module = module
-        self._plans: dict[Signature, Plan] = {}
-        self._signature: Signature | None = None
-        self._last_signature: Signature | None = None
+        self._settings = _Settings(budget, inner, solver, device, time_limit, budget_kind, offload, host_budget,
+                                   dict(solver_options))
+        self._build()
+
+    def _build(self) -> None:
+        """Fresh compiled state: a backend, a compiled forward, no plans."""
+        settings = self._settings
+        self._plans: dict[PlanKey, Plan] = {}
+        self._last_key: PlanKey | None = None
+        self._calls = threading.local()  # .ran: the plans of the graphs this thread's call ran
         self._backend = RematBackend(
-            budget, inner=inner, solver=solver, device=device, time_limit=time_limit, budget_kind=budget_kind,
-            on_plan=self._record_plan, free_inputs=True, offload=offload, host_budget=host_budget, **solver_options,
+            settings.budget, inner=settings.inner, solver=settings.solver, device=settings.device,
+            time_limit=settings.time_limit, budget_kind=settings.budget_kind, free_inputs=True,
+            offload=settings.offload, host_budget=settings.host_budget, **settings.solver_options,
         )
+        self._signature = forward_signature(self.module.forward)
         # Not a registered submodule: its parameters are the original's.
-        object.__setattr__(self, "_compiled", torch.compile(module, backend=self._backend, fullgraph=True, dynamic=False))
+        object.__setattr__(self, "_compiled",
+                           torch.compile(self.module, backend=self._compile_graph, fullgraph=True, dynamic=False))
+        # The model's signature on forward, as torch.compile's own wrapper does: tools that inspect
+        # forward (Trainer drops batch columns forward does not name) see the model's parameters.
+        self.forward = functools.update_wrapper(functools.partial(RematModule._forward, self), self.module.forward)
+
+    def _compile_graph(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        """The backend, plus a note of which plans each run of the compiled graph uses."""
+        first = len(self._backend.plans)
+        compiled = self._backend(gm, example_inputs)
+        plans = tuple(self._backend.plans[first:])
+        calls = self._calls
+
+        @functools.wraps(compiled)  # keeps the calling convention flags (_boxed_call)
+        def run(*args: Any) -> Any:
+            calls.ran = plans
+            return compiled(*args)
+
+        return run
 
     @property
     def plan(self) -> Plan | None:
-        """The plan used by the most recent call (None before the first training call)."""
-        return self._plans.get(self._last_signature) if self._last_signature is not None else None
+        """The plan the most recent training call ran (None before the first one)."""
+        return self._plans.get(self._last_key) if self._last_key is not None else None
 
     @property
-    def plans(self) -> dict[Signature, Plan]:
-        """Every plan made so far, by input signature."""
+    def plans(self) -> dict[PlanKey, Plan]:
+        """The plan each key (inputs, mode, parameter states) last ran with."""
         return dict(self._plans)
 
-    def _record_plan(self, plan: Plan) -> None:
-        if self._signature is not None:
-            self._plans[self._signature] = plan
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
+    def _forward(self, *args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
             return self.module(*args, **kwargs)  # no backward, nothing to plan
-        self._signature = input_signature(self.module.training, args, kwargs)
+        args, kwargs = canonical(self._signature, args, kwargs)
+        key = plan_key(self.module, args, kwargs)
+        made_before = len(self._backend.plans)
+        self._calls.ran = ()
+        output = self._run_compiled(args, kwargs)
+        if len(self._backend.plans) > made_before:
+            logger.info("%s: new plan (%d made so far): %s", type(self.module).__name__,
+                        len(self._backend.plans), replan_reason(self._last_key, key, self.module))
+        if self._calls.ran:
+            self._plans[key] = self._calls.ran[-1]
+        self._last_key = key
+        return output
+
+    def _run_compiled(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
             return self._compiled(*args, **kwargs)
         except torch._dynamo.exc.BackendCompilerFailed as error:
@@ -117,17 +172,13 @@ class RematModule(nn.Module):
                 f"value). Pad or bucket inputs to a few shapes, keep changing state in a tensor buffer, or raise "
                 f"torch._dynamo.config.recompile_limit. TORCH_LOGS=recompiles shows why each recompile happened."
             ) from error
-        finally:
-            self._last_signature, self._signature = self._signature, None
 
-    def plan_ahead(self, *example_inputs: Any) -> Plan | None:
-        """Capture and plan for these inputs now, leaving buffers and RNG state as they were."""
-        buffers = [buffer.detach().clone() for buffer in self.module.buffers()]
-        with torch.random.fork_rng(devices=_cuda_devices(example_inputs)):
-            self(*example_inputs)
-        with torch.no_grad():
-            for buffer, saved in zip(self.module.buffers(), buffers):
-                buffer.copy_(saved)
+    def plan_ahead(self, *args: Any, **kwargs: Any) -> Plan | None:
+        """Capture and plan for this call now (``plan_ahead(tokens)``, ``plan_ahead(**batch)``),
+        leaving buffers and RNG state as they were. The first training call with inputs like
+        these runs this plan: nothing is captured again."""
+        with untouched(self.module, (args, kwargs)), torch.enable_grad():
+            self(*args, **kwargs)
         return self.plan
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
@@ -136,21 +187,41 @@ class RematModule(nn.Module):
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False):  # type: ignore[override]
         return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
 
+    def __getattr__(self, name: str) -> Any:
+        """nn.Module's lookup (parameters, buffers, submodules), then the wrapped model's attributes."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            module = self.__dict__.get("_modules", {}).get("module")
+            if module is None or name.startswith("__") or name in _TRANSIENT:
+                raise
+        try:
+            return getattr(module, name)
+        except AttributeError:
+            raise AttributeError(
+                f"'{type(self).__name__}' (wrapping {type(module).__name__}) has no attribute {name!r}"
+            ) from None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        for name in _TRANSIENT:
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._build()
+
     def extra_repr(self) -> str:
         return repr(self._backend)
-
-
-def _cuda_devices(inputs: tuple[Any, ...]) -> list[int]:
-    """CUDA devices whose RNG state a planning run might advance (CPU's is always saved)."""
-    flat, _ = tree_flatten(inputs)
-    return sorted({leaf.device.index or 0 for leaf in flat if isinstance(leaf, torch.Tensor) and leaf.is_cuda})
 
 
 def optimize(
     model: nn.Module,
     budget: object = DEFAULT_BUDGET,
     *,
-    example_inputs: tuple[Any, ...] | None = None,
+    example_inputs: Any = None,
+    example_kwargs: Mapping[str, Any] | None = None,
     inner: str = "eager",
     solver: str = "ilp",
     device: str | DeviceProfile = "cpu",
@@ -166,7 +237,9 @@ def optimize(
     backward; an int (bytes) or a string like "512MB" / "2GiB" is an absolute cap on the peak
     activation memory of the step. ``budget_kind`` ("saved" or "peak") overrides that choice
     (a peak fraction is relative to the un-rematerialized step's peak). The plan is made on the
-    first call (or now, from ``example_inputs``); an impossible budget raises
+    first call, or now from ``example_inputs`` (a tuple of positional inputs, one tensor, or a
+    dict of keyword inputs such as a Hugging Face batch) and ``example_kwargs`` (keyword inputs
+    beside positional ones); the first training call then runs that plan. An impossible budget raises
     BudgetInfeasibleError with the smallest feasible one. ``device`` picks the cost model.
 
     ``offload=True`` lets the planner also send saved activations to host memory over the
@@ -190,8 +263,7 @@ def optimize(
         model, budget, inner=inner, solver=solver, device=device, time_limit=time_limit,
         budget_kind=budget_kind, offload=offload, host_budget=host_budget, **solver_options,
     )
-    if example_inputs is not None:
-        if not isinstance(example_inputs, tuple):
-            example_inputs = (example_inputs,)
-        optimized.plan_ahead(*example_inputs)
+    if example_inputs is not None or example_kwargs is not None:
+        call = call_inputs(example_inputs, example_kwargs)
+        optimized.plan_ahead(*call.args, **call.kwargs)
     return optimized

@@ -70,6 +70,24 @@ def recompile_limit() -> int:
     return getattr(config, "recompile_limit", None) or config.cache_size_limit
 
 
+def last_recompile_reason() -> str | None:
+    """The first failed guard of dynamo's latest frame compile (None for a first compile).
+
+    From ``torch._dynamo.utils.get_compilation_metrics`` (private; torch 2.4 to 2.13). Optional
+    diagnostics: any failure to read it gives None, never an error in a training step.
+    """
+    try:
+        from torch._dynamo.utils import get_compilation_metrics
+
+        for metrics in reversed(get_compilation_metrics()):
+            if getattr(metrics, "is_forward", True) is False:
+                continue  # a backward compile: no guards
+            return getattr(metrics, "recompile_reason", None)
+    except Exception:  # noqa: BLE001
+        logger.debug("could not read dynamo's recompile reason", exc_info=True)
+    return None
+
+
 # --- FX and AOTAutograd -----------------------------------------------------------------------
 
 
