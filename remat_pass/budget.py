@@ -5,9 +5,9 @@ A float in (0, 1] is a fraction of the bytes the un-rematerialized step saves fo
 absolute cap. Booleans are rejected even though ``True`` is an int: ``budget=True`` is a bug.
 
 A string without a unit is read as the number it spells (``"0.3"`` from a config file is the
-fraction 0.3, ``"4096"`` the int 4096). A bare int below ``MIN_BARE_BYTES`` is refused: ``1``
+fraction 0.3, ``"4096"`` the int 4096). A bare int up to ``MAX_AMBIGUOUS_INT`` is refused: ``1``
 next to ``1.0`` (keep everything) or ``30`` meaning 30% are typing slips far more often than
-real caps, and a cap that small is spelled with its unit (``"512B"``) when it is meant.
+real caps, and a cap that small is spelled with its unit (``"64B"``) when it is meant.
 """
 
 from __future__ import annotations
@@ -26,10 +26,11 @@ _UNITS = {
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
 _NUMBER = re.compile(r"^\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*$")
 
-MIN_BARE_BYTES = 1024
-"""The smallest byte budget accepted as a bare int: 1 KiB, the smallest unit in the size table.
-Below it lie the spellings of a fraction or a percentage (``1``, ``30``, ``100``); no useful
-training step fits there, and a deliberate tiny cap can still be written ``"512B"``."""
+MAX_AMBIGUOUS_INT = 100
+"""The largest bare int refused as a byte budget. 1 to 100 are exactly the ints a fraction or a
+percentage is mistyped as (``1`` for ``1.0``, ``30`` for 30%); no real training step fits in 100
+bytes, so such a budget is a slip, not a cap. Above 100 an int has no other reading and is bytes
+(tiny test models and computed budgets such as ``BudgetInfeasibleError.min_bytes`` live there)."""
 _ACCEPTED = (
     "a budget is a float in (0, 1] (fraction of the activation bytes the un-rematerialized step keeps), "
     "a positive int (bytes), or a size string such as '512MB', '1.5GB' or '2GiB' "
@@ -70,7 +71,7 @@ def parse_budget(value: object) -> Budget:
     if isinstance(value, int):
         if value <= 0:
             raise InvalidBudgetError(f"invalid budget {value!r}: byte budgets must be positive; {_ACCEPTED}")
-        if value < MIN_BARE_BYTES:
+        if value <= MAX_AMBIGUOUS_INT:
             raise InvalidBudgetError(_tiny_int_message(value))
         return Budget(nbytes=value)
     if isinstance(value, float):
@@ -97,14 +98,12 @@ def _as_number(text: str) -> int | float:
 def _tiny_int_message(value: int) -> str:
     if value == 1:
         guess = "did you mean 1.0? (the fraction 1.0 keeps everything)"
-    elif value <= 100:
-        guess = f"did you mean {value / 100:g}? (the fraction: {value}% of keep-all)"
     else:
-        guess = "did you mean a fraction in (0, 1]?"
+        guess = f"did you mean {value / 100:g}? (the fraction: {value}% of keep-all)"
     unit = "byte" if value == 1 else "bytes"
     return (
-        f"invalid budget {value!r}: an int is a byte count, and {value} {unit} is below {MIN_BARE_BYTES} "
-        f"(1 KiB); {guess} If you do mean {value} {unit}, write budget='{value}B'."
+        f"invalid budget {value!r}: an int is a byte count, and {value} {unit} (at most {MAX_AMBIGUOUS_INT}) reads "
+        f"like a fraction or a percentage; {guess} If you do mean {value} {unit}, write budget='{value}B'."
     )
 
 

@@ -80,20 +80,19 @@ def test_budget_one_is_refused_with_did_you_mean_one_point_zero(value):
     assert "budget='1B'" in str(raised.value)
 
 
-@pytest.mark.parametrize("value, guess", [(30, "0.3"), (50, "0.5"), (100, "1"), (512, "a fraction"), (1023, "a fraction")])
-def test_tiny_int_budgets_are_refused_with_a_guess(value, guess):
-    with pytest.raises(InvalidBudgetError, match=f"did you mean {guess}") as raised:
+@pytest.mark.parametrize("value, guess", [(2, "0.02"), (30, "0.3"), ("50", "0.5"), (100, "1")])
+def test_percentage_like_int_budgets_are_refused_with_a_guess(value, guess):
+    with pytest.raises(InvalidBudgetError, match=f"did you mean {guess}\\?") as raised:
         parse_budget(value)
-    assert f"'{value}B'" in str(raised.value) and "1 KiB" in str(raised.value)
+    assert f"'{value}B'" in str(raised.value) and "percentage" in str(raised.value)
 
 
-def test_tiny_caps_are_accepted_with_a_unit_and_bare_ints_from_one_kib():
-    from remat_pass.budget import MIN_BARE_BYTES
+def test_tiny_caps_are_accepted_with_a_unit_and_bare_ints_above_one_hundred():
+    from remat_pass.budget import MAX_AMBIGUOUS_INT
 
-    assert parse_budget("512B") == Budget(nbytes=512)
-    assert parse_budget(MIN_BARE_BYTES) == Budget(nbytes=MIN_BARE_BYTES)
-    with pytest.raises(InvalidBudgetError):
-        parse_budget(MIN_BARE_BYTES - 1)
+    assert MAX_AMBIGUOUS_INT == 100
+    assert parse_budget("64B") == Budget(nbytes=64) and parse_budget("1b") == Budget(nbytes=1)
+    assert parse_budget(101) == Budget(nbytes=101) and parse_budget("101") == Budget(nbytes=101)
 
 
 def test_optimize_refuses_budget_one_before_tracing():

@@ -85,10 +85,10 @@ def test_table_output(capsys, monkeypatch):
 
 def test_infeasible_budget_exits_1_and_names_the_smallest(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
-    assert main(["explain", f"{FACTORY}:factory_dropout", "--budget", "32", "--budget-kind", "saved"]) == 1
+    assert main(["explain", f"{FACTORY}:factory_dropout", "--budget", "32B", "--budget-kind", "saved"]) == 1
     err = capsys.readouterr().err
     assert "smallest feasible budget for this graph is 64 bytes" in err
-    assert main(["explain", f"{FACTORY}:factory_dropout", "--budget", "32", "--budget-kind", "saved", "--json"]) == 1
+    assert main(["explain", f"{FACTORY}:factory_dropout", "--budget", "32B", "--budget-kind", "saved", "--json"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["error"] == "infeasible" and data["min_feasible_bytes"] == 64
 

@@ -161,7 +161,7 @@ def test_explain_with_a_loss_keeps_the_users_module_paths():
 def test_explain_raises_below_the_smallest_feasible_budget():
     model, inputs = factory_dropout()
     with pytest.raises(BudgetInfeasibleError) as info:
-        explain(model, inputs, budget=32, budget_kind="saved")
+        explain(model, inputs, budget="32B", budget_kind="saved")
     assert info.value.min_bytes == 64  # the dropout mask, 4*16 bools: never recomputed
 
 

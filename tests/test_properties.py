@@ -147,7 +147,9 @@ budgets = st.one_of(
 
 
 def _step(model, x, budget):
-    optimized = remat_pass.optimize(model, budget=budget, budget_kind="saved")
+    # The unit says "bytes" for the ints up to 100, which read like percentages without one.
+    spelled = f"{budget}B" if isinstance(budget, int) else budget
+    optimized = remat_pass.optimize(model, budget=spelled, budget_kind="saved")
     return optimized, run_step(model, optimized, (x,), _loss)
 
 
