@@ -296,7 +296,7 @@ def _budgets_down_to_the_smallest(model, inputs):
     probe = remat_pass.optimize(model, budget=1.0, example_inputs=_fresh(inputs))
     smallest = max(solvers.min_feasible_bytes(probe.plan.problem), 1)
     torch._dynamo.reset()
-    return [1.0, 0.5, smallest]
+    return [1.0, 0.5, f"{smallest}B"]  # with its unit: a bare int up to 100 reads like a percentage
 
 
 @pytest.mark.parametrize("case", ["aliasing", "mutation", "batchnorm"])
