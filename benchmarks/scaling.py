@@ -36,7 +36,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from remat_pass import solvers
-from remat_pass.solvers.fast import tradeoff_hull
+from remat_pass.tradeoff import hull_points
 from remat_pass.solvers.problem import Plan, Problem, format_bytes
 
 DEFAULT_OUT = Path("benchmarks/out/scaling")
@@ -222,7 +222,7 @@ def run_llama70b(args: argparse.Namespace) -> dict[str, Any]:
     }
     # The trade-off curve at this width, and named points on it.
     hull_began = time.perf_counter()
-    hull = tradeoff_hull(problem, time_limit=args.fast_time_limit)
+    hull = hull_points(problem, made.step_flops, time_limit=args.fast_time_limit)
     hull_s = time.perf_counter() - hull_began
     keep_all = problem.keep_all_bytes()
     points = {}
@@ -246,7 +246,7 @@ def run_llama70b(args: argparse.Namespace) -> dict[str, Any]:
                        "recompute_seconds": r.recompute_seconds} for r in layer_rows],
         "hull_s": hull_s,
         "hull": [{"kept_bytes": p.kept_bytes, "recompute_seconds": p.recompute_seconds,
-                  "recompute_flops": p.recompute_flops} for p in hull],
+                  "recompute_flops": p.recompute_flops} for p in reversed(hull)],  # keep-all first
         "points": points,
         "report": made.render(limit=100),
     }

@@ -17,10 +17,7 @@ import contextlib
 import json
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
-
-if TYPE_CHECKING:
-    from remat_pass.estimate import LayerPlan
+from typing import Any, Callable, Iterator, Sequence
 
 PROG = "remat-pass"
 
@@ -99,10 +96,27 @@ def _run_demo(args: argparse.Namespace) -> int:
 # -- explain ---------------------------------------------------------------------------
 
 
+_SOLVER_HELP = "the planner (default %(default)s); --help lists them"
+
+
+class _RegistryHelpFormatter(argparse.HelpFormatter):
+    """``--solver``'s help lists the planner registry (``solvers.SOLVER_INFO``), read only when help is
+    shown: importing the planners costs time every other command need not pay."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.dest != "solver":
+            return super()._get_help_string(action)
+        from remat_pass import solvers
+
+        lines = "; ".join(info.help_line() for info in solvers.SOLVER_INFO.values()).replace("%", "%%")
+        return f"the planner (default %(default)s): {lines}"
+
+
 def _add_explain_parser(subparsers: Any) -> None:
     """Register ``explain``: trace a user's model and account for a plan module by module."""
     sub = subparsers.add_parser(
         "explain",
+        formatter_class=_RegistryHelpFormatter,
         help="trace a model from a Python file; show per module what a budget keeps and recomputes",
         description="Trace one training step of the model FACTORY builds (nothing is trained), plan it for "
         "--budget and print per nn.Module: bytes kept, bytes recomputed, estimated recompute cost and a "
@@ -113,13 +127,12 @@ def _add_explain_parser(subparsers: Any) -> None:
     sub.add_argument("target", metavar="FILE.py:FACTORY", help="the file and the factory function in it")
     sub.add_argument("--budget", default="0.5",
                      help="fraction of keep-all in (0, 1] or a size such as 2MiB (default 0.5)")
-    sub.add_argument("--solver", default="ilp", help="ilp (default) or a baseline: keep_all, recompute_all, "
-                     "chen_sqrt, per_block, selective")
+    sub.add_argument("--solver", default="ilp", help=_SOLVER_HELP)
     sub.add_argument("--device", default="cpu", help="cost model: cpu (default), a100, h100, h200")
     sub.add_argument("--depth", type=_positive_int, default=None,
                      help="sum modules to their first N path parts (2: 'blocks.0'); default: innermost")
-    sub.add_argument("--time-limit", type=_positive_float, default=60.0,
-                     help="seconds for the ILP (default 60)")
+    sub.add_argument("--time-limit", type=_positive_float, default=None,
+                     help="seconds a planner may spend (default: the planners' own, 60)")
     sub.add_argument("--budget-kind", choices=("auto", "saved", "peak"), default="auto",
                      help="what the budget bounds: saved bytes or the step's peak (auto: a fraction bounds "
                      "saved bytes, a size the peak)")
@@ -206,10 +219,14 @@ def _run_explain(args: argparse.Namespace) -> int:
         check_offload_options(args.offload, args.device, args.solver)
     except (InvalidBudgetError, ValueError) as e:
         raise _UsageError(str(e)) from e
-    if args.solver not in solvers.SOLVERS:
-        raise _UsageError(f"unknown solver {args.solver!r}; choose one of {', '.join(sorted(solvers.SOLVERS))}")
+    try:
+        solvers.get_solver(args.solver)
+    except ValueError as e:
+        raise _UsageError(str(e)) from e
     model, inputs, loss_fn = _load_factory(args.target)
-    options = {"time_limit": args.time_limit, "budget_kind": args.budget_kind}
+    options: dict[str, Any] = {"budget_kind": args.budget_kind}
+    if args.time_limit is not None:
+        options["time_limit"] = args.time_limit
     try:
         with _stdout_to_stderr():
             traced = trace_step(model, inputs, loss_fn=loss_fn, device=args.device)
@@ -412,78 +429,10 @@ def _run_estimate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(plan.to_dict(), indent=2))
     else:
-        _print_plan(plan)
+        from remat_pass.estimate_report import print_estimate
+
+        print_estimate(plan)
     return 0
-
-
-def _print_plan(plan: LayerPlan) -> None:
-    """Two rich tables: the per-policy plan and the per-GPU memory breakdown."""
-    from rich.console import Console
-
-    console = Console()
-    console.print(_headline(plan))
-    console.print(_policy_table(plan))
-    console.print(_memory_table(plan))
-    ms = plan.step_seconds * 1e3
-    console.print(f"Step (forward + backward, no recompute): {ms:.1f} ms at {plan.hardware.tflops:g} TFLOP/s; "
-                  f"plan adds {plan.extra_seconds * 1e3:.1f} ms ({plan.extra_fraction:.2%}).")
-
-
-def _headline(plan: LayerPlan) -> str:
-    from remat_pass.estimate import format_bytes
-
-    w = plan.workload
-    flags = {f"TP {w.tp}": w.tp > 1, "SP": w.sequence_parallel, "FlashAttention": w.flash_attention,
-             f"ZeRO-{w.zero} over DP {w.dp}": w.zero > 0 and w.dp > 1,
-             f"PP {w.pp} ({w.schedule}, {w.microbatches} micro-batches; first stage: {w.stage_layers} layers, "
-             f"{float(w.in_flight):g} micro-batches in flight)": w.pp > 1}
-    parallel = [name for name, on in flags.items() if on]
-    return (f"[bold]{w.layers} layers[/], h={w.hidden}, a={w.heads}, s={w.seq}, b={w.batch}, {w.dtype}"
-            f"{', ' + ', '.join(parallel) if parallel else ''}; {plan.parameters / 1e9:.2f}B parameters; "
-            f"fits in {format_bytes(plan.hardware.memory_bytes)} per GPU")
-
-
-def _policy_table(plan: LayerPlan) -> Any:
-    from rich.table import Table
-
-    from remat_pass.estimate import format_bytes
-
-    table = Table(title="Per-layer policy (rebuilt: working set brought back in backward)")
-    for header in ("policy", "layers", "stored/layer", "rebuilt", "extra/layer", "% of step"):
-        table.add_column(header, justify="left" if header == "policy" else "right")
-    for row in plan.rows:
-        share = row.layers * row.extra_seconds / plan.step_seconds
-        table.add_row(row.policy.value, str(row.layers), format_bytes(row.stored_bytes),
-                      format_bytes(row.transient_bytes), f"{row.extra_seconds * 1e3:.2f} ms", f"{share:.2%}")
-    captions = []
-    if plan.workload.flash_attention:
-        captions.append("selective omitted: FlashAttention already drops the scores")
-    if plan.workload.pp > 1:
-        captions.append(f"stored: for all {float(plan.workload.in_flight):g} micro-batches in flight; "
-                        "times per micro-batch")
-    table.caption = "; ".join(captions) or None
-    return table
-
-
-def _memory_table(plan: LayerPlan) -> Any:
-    from rich.table import Table
-
-    from remat_pass.estimate import format_bytes
-
-    m, budget = plan.memory, plan.hardware.memory_bytes
-    table = Table(title="Memory per GPU at the peak")
-    table.add_column("part")
-    table.add_column("bytes", justify="right")
-    items = [("weights", m.weights), ("gradients", m.grads), ("optimizer state", m.optimizer),
-             ("activations: layers", m.layer_activations),
-             ("activations: embedding + logits", m.other_activations),
-             ("activations: rebuilt layer (backward)", m.transient)]
-    for name, value in items:
-        table.add_row(name, format_bytes(value))
-    table.add_row("[bold]total[/]", f"[bold]{format_bytes(m.total)}[/]", end_section=True)
-    table.add_row("GPU memory", format_bytes(budget))
-    table.add_row("headroom", format_bytes(budget - m.total))
-    return table
 
 
 if __name__ == "__main__":

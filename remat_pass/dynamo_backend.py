@@ -87,8 +87,7 @@ class RematBackend:
     ) -> None:
         if inner not in INNER_COMPILERS:
             raise ValueError(f"inner must be one of {INNER_COMPILERS}, got {inner!r}")
-        if solver not in solvers.SOLVERS:
-            raise ValueError(f"unknown solver {solver!r}; choose one of {sorted(solvers.SOLVERS)}")
+        solvers.get_solver(solver)  # an unknown name is a ValueError naming the choices
         parsed = parse_budget(budget)
         resolve_budget_kind(parsed, budget_kind)  # reject a bad kind now, not at the first call
         check_offload_options(offload, device, solver)

@@ -40,12 +40,14 @@ logger = logging.getLogger(__name__)
 DEFAULT_BUDGET = 0.5
 """Half the activation bytes: usually attainable by recomputing only cheap ops."""
 
-DEFAULT_TIME_LIMIT = 60.0
-"""Seconds a MIP solve may take before it returns its best plan so far."""
+DEFAULT_TIME_LIMIT = solvers.DEFAULT_TIME_LIMIT
+"""Seconds a planner may take before it returns its best plan so far (the planners' own default)."""
 
 
 class BudgetKind(str, enum.Enum):
-    """What a budget bounds. A ``str`` so that ``kind == "peak"`` and JSON work unchanged."""
+    """What a user's budget bounds: the planners' ``solvers.BudgetKind`` (saved, peak) plus "auto",
+    the rule that picks one from the budget's form. A ``str``, so ``kind == "peak"`` holds for
+    either enum and JSON is unchanged."""
 
     AUTO = "auto"  # a fraction bounds saved bytes, an absolute size the peak (resolve_budget_kind)
     SAVED = "saved"  # bytes saved for backward

@@ -113,8 +113,7 @@ def plan_with_report(
     **solver_options: Any,
 ) -> PlanReport:
     """``plan`` plus the step's FLOPs and forward time: a ``PlanReport`` at the blocks' depth."""
-    if solver not in solvers.SOLVERS:
-        raise ValueError(f"unknown solver {solver!r}; choose one of {', '.join(sorted(solvers.SOLVERS))}")
+    solvers.get_solver(solver)  # an unknown name is a ValueError naming the choices, before tracing
     parsed = parse_budget(budget)
     resolve_budget_kind(parsed, budget_kind)  # reject a bad kind before tracing
     check_offload_options(offload, device, solver)

@@ -20,7 +20,16 @@ if TYPE_CHECKING:
     from .tradeoff import Sweep
 
 _INSTALL_HINT = 'plotting needs matplotlib: pip install "remat-pass[plot]"'
-_BASELINE_MARKERS = {"keep_all": "s", "recompute_all": "v", "chen_sqrt": "D", "per_block": "^", "selective": "P"}
+_MARKERS = ("s", "v", "D", "^", "P", "X", "h", "<", ">", "d")
+
+
+def _marker(solver: str) -> str:
+    """One marker per registered planner, in registry order (``solvers.SOLVER_INFO``): a planner
+    added to the registry gets its own marker without this module knowing its name."""
+    from remat_pass import solvers
+
+    names = list(solvers.SOLVER_INFO)
+    return _MARKERS[names.index(solver) % len(_MARKERS)] if solver in names else "x"
 
 
 def _figure(columns: int = 1) -> tuple[Any, Any]:
@@ -50,7 +59,7 @@ def plot_pareto(sweep: Sweep, path: str | os.PathLike[str], *, highlight: Plan |
 
     The sweep's feasible points form the curve; each baseline gets its own marker; the
     smallest feasible budget and keep-all are vertical lines; ``highlight`` (e.g. the plan
-    being explained) is a star.
+    being explained) is a star; the sweep's ``hull`` (``sweep(..., hull=True)``) is a dashed line.
     """
     figure, (time_axis, flop_axis) = _figure(columns=2)
     unit, scale = _byte_unit(max(sweep.keep_all_bytes, 1))
@@ -60,9 +69,13 @@ def plot_pareto(sweep: Sweep, path: str | os.PathLike[str], *, highlight: Plan |
     def draw(axis: Any, y_of: Any, ylabel: str) -> None:
         axis.plot([p.kept_bytes / scale for p in curve], [y_of(p.recompute_seconds, p.recompute_flops) for p in curve],
                   "o-", color="tab:blue", label=f"{sweep.solver} sweep", zorder=3)
+        if sweep.hull:
+            axis.plot([p.kept_bytes / scale for p in sweep.hull],
+                      [y_of(p.recompute_seconds, p.recompute_flops) for p in sweep.hull],
+                      "--", color="tab:grey", label="lower hull (fast planner)", zorder=2)
         for point in sweep.baselines:
             axis.plot(point.kept_bytes / scale, y_of(point.recompute_seconds, point.recompute_flops),
-                      _BASELINE_MARKERS.get(point.solver, "x"), markersize=8, linestyle="none",
+                      _marker(point.solver), markersize=8, linestyle="none",
                       label=point.solver, alpha=0.8)
         if highlight is not None:
             axis.plot(highlight.kept_bytes / scale, y_of(highlight.recompute_seconds, highlight.recompute_flops),

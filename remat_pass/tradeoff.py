@@ -14,6 +14,7 @@ finding where the curve ends. ``remat_pass.plots.plot_pareto(result, "pareto.png
 
 from __future__ import annotations
 
+import enum
 import io
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterable
@@ -32,9 +33,21 @@ if TYPE_CHECKING:
     from rich.table import Table
 
 DEFAULT_BUDGETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)
-BASELINES = ("keep_all", "recompute_all", "chen_sqrt", "per_block", "selective")
-INFEASIBLE = "infeasible"
-OVER_BUDGET = "over_budget"  # a heuristic solver's plan that keeps more than the budget
+BASELINES = tuple(solvers.BASELINES)  # the registry's heuristics, in registration order
+
+
+class CurveStatus(str, enum.Enum):
+    """What a point on the curve says when it is not simply a plan's status (``solvers.Status``)."""
+
+    INFEASIBLE = "infeasible"  # no plan meets this budget
+    OVER_BUDGET = "over_budget"  # a heuristic's plan that keeps more than the budget
+    HULL_VERTEX = "hull_vertex"  # a vertex of the fast planner's lower hull (see hull_points)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+INFEASIBLE, OVER_BUDGET = CurveStatus.INFEASIBLE, CurveStatus.OVER_BUDGET
 
 
 @dataclass(frozen=True)
@@ -59,7 +72,7 @@ class SweepPoint:
 
     @property
     def feasible(self) -> bool:
-        return self.plan is not None
+        return self.kept_bytes is not None
 
     def to_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in (
@@ -78,6 +91,7 @@ class Sweep:
     step_flops: int
     points: tuple[SweepPoint, ...]
     baselines: tuple[SweepPoint, ...]
+    hull: tuple[SweepPoint, ...] = ()  # the whole curve's lower hull, when asked for (hull_points)
 
     def rows(self) -> list[dict[str, Any]]:
         """The curve as plain dicts: budget, kept_bytes, fraction, recompute_seconds, ..., status."""
@@ -92,6 +106,7 @@ class Sweep:
             "step_flops": self.step_flops,
             "points": self.rows(),
             "baselines": [point.to_dict() for point in self.baselines],
+            "hull": [point.to_dict() for point in self.hull],
         }
 
     def table(self) -> Table:
@@ -149,12 +164,12 @@ def sweep_traced(
     *,
     baselines: Iterable[str] = BASELINES,
     progress: bool | None = None,
+    hull: bool = False,
     **solver_options: Any,
 ) -> Sweep:
-    """``sweep`` for a step already traced (``pipeline.trace_step``)."""
+    """``sweep`` for a step already traced (``pipeline.trace_step``); ``hull=True`` adds ``hull_points``."""
     problem = traced.problem
-    if solver not in solvers.SOLVERS:
-        raise ValueError(f"unknown solver {solver!r}; choose one of {', '.join(sorted(solvers.SOLVERS))}")
+    solvers.get_solver(solver)  # an unknown name is a ValueError naming the choices
     keep_all_bytes = problem.keep_all_bytes()
     parsed = [parse_budget(budget) for budget in budgets]
     requested = sorted(
@@ -182,8 +197,31 @@ def sweep_traced(
         for name in baselines:
             reference.append(_point(solvers.solve(problem, None, solver=name), None, traced.step_flops))
             bar.advance(task)
+    time_limit = solver_options.get("time_limit", solvers.DEFAULT_TIME_LIMIT)
+    lower = hull_points(problem, traced.step_flops, time_limit=time_limit) if hull else ()
     return Sweep(problem=problem, solver=solver, keep_all_bytes=keep_all_bytes, min_feasible_bytes=minimum,
-                 step_flops=traced.step_flops, points=tuple(points), baselines=tuple(reference))
+                 step_flops=traced.step_flops, points=tuple(points), baselines=tuple(reference), hull=lower)
+
+
+def hull_points(problem: Problem, step_flops: int = 0, *, time_limit: float = solvers.DEFAULT_TIME_LIMIT,
+                blocks: bool = True) -> tuple[SweepPoint, ...]:
+    """The whole trade-off curve at once, as sweep points (ascending kept bytes, ``budget`` None).
+
+    The vertices of the fast planner's lower convex hull of (kept bytes, recompute seconds)
+    (``solvers.fast.tradeoff_hull``): each is the least recompute time for its own bytes where
+    the planner's cut model is exact, and between vertices the hull is a lower bound on what any
+    budget there costs; status ``hull_vertex``. One cut per vertex, so deep models are cheap;
+    ``sweep`` solves named budgets, this draws the frontier they lie on.
+    """
+    from remat_pass.solvers.fast import tradeoff_hull
+
+    keep_all = problem.keep_all_bytes()
+    return tuple(
+        SweepPoint(solver="hull", budget=None, budget_bytes=vertex.kept_bytes, status=CurveStatus.HULL_VERTEX,
+                   kept_bytes=vertex.kept_bytes, fraction=vertex.kept_bytes / keep_all if keep_all else 0.0,
+                   recompute_seconds=vertex.recompute_seconds, recompute_flops=vertex.recompute_flops,
+                   flop_overhead=vertex.recompute_flops / step_flops if step_flops else 0.0)
+        for vertex in reversed(tradeoff_hull(problem, blocks=blocks, time_limit=time_limit)))
 
 
 def _min_bytes_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -200,9 +238,11 @@ def sweep(
     *,
     baselines: Iterable[str] = BASELINES,
     progress: bool | None = None,
+    hull: bool = False,
     **solver_options: Any,
 ) -> Sweep:
-    """Trace ``model``'s training step once and plan it for every budget, plus the baselines.
+    """Trace ``model``'s training step once and plan it for every budget, plus the baselines
+    (and, with ``hull=True``, the lower hull of the whole curve: ``hull_points``).
 
     ``budgets``: fractions of keep-all and/or byte sizes, as for ``optimize`` (an invalid one
     raises InvalidBudgetError before anything is solved). ``loss_fn(output, *example_inputs)``
@@ -210,4 +250,4 @@ def sweep(
     when stderr is a terminal). ``solver_options`` go to the solver (e.g. ``time_limit``).
     """
     traced = trace_step(model, example_inputs, loss_fn=loss_fn, device=device)
-    return sweep_traced(traced, budgets, solver, baselines=baselines, progress=progress, **solver_options)
+    return sweep_traced(traced, budgets, solver, baselines=baselines, progress=progress, hull=hull, **solver_options)

@@ -113,3 +113,13 @@ def test_memory_timeline_is_drawn_from_the_simulator(tmp_path, capsys, monkeypat
     assert len(seen) == 1 and seen[0].budget_bytes == 160
     assert (tmp_path / "memory_timeline.png").read_bytes().startswith(PNG_SIGNATURE)
     assert f"wrote {tmp_path / 'pareto.png'}" in capsys.readouterr().out
+
+
+def test_solver_help_lists_the_registry(capsys):
+    from remat_pass import solvers
+
+    with pytest.raises(SystemExit):
+        main(["explain", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    for name, info in solvers.SOLVER_INFO.items():
+        assert f"{name}: {' '.join(info.description.split())}" in out

@@ -124,3 +124,24 @@ def test_missing_matplotlib_says_how_to_install(curve, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     with pytest.raises(ImportError, match=r'pip install "remat-pass\[plot\]"'):
         plot_pareto(curve, tmp_path / "pareto.png")
+
+
+def test_hull_is_a_lower_bound_under_the_exact_curve(traced, curve):
+    """The fast planner's hull (the whole curve at once) and the ILP's named budgets: one curve, one
+    point type; every exact point lies on or above the hull, and the hull ends at keep-all."""
+    with_hull = sweep_traced(traced, (0.5,), baselines=(), progress=False, hull=True)
+    hull = with_hull.hull
+    assert hull and all(p.status == "hull_vertex" and p.feasible and p.plan is None for p in hull)
+    kept = [p.kept_bytes for p in hull]
+    assert kept == sorted(kept) and kept[-1] == KEEP_ALL and hull[-1].recompute_seconds == 0
+    assert SMALLEST <= kept[0]
+    for point in (p for p in curve.points if p.feasible):
+        left = [v for v in hull if v.kept_bytes <= point.kept_bytes]
+        right = [v for v in hull if v.kept_bytes >= point.kept_bytes]
+        if not left or not right:
+            continue
+        a, b = left[-1], right[0]
+        t = 0.0 if b.kept_bytes == a.kept_bytes else (point.kept_bytes - a.kept_bytes) / (b.kept_bytes - a.kept_bytes)
+        bound = a.recompute_seconds + t * (b.recompute_seconds - a.recompute_seconds)
+        assert point.recompute_seconds >= bound * (1 - 1e-9) - 1e-15
+    assert with_hull.to_dict()["hull"][0]["status"] == "hull_vertex"
