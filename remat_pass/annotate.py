@@ -98,7 +98,7 @@ def annotate(joint: JointGraph, device: str | DeviceProfile = "cpu", *, free_inp
     graph = joint.module.graph
     _order_dropout_masks(graph)
     charged = set() if free_inputs else _activation_inputs(joint)
-    backward_nodes = _tangent_dependent(graph)
+    backward_nodes = tangent_dependent(graph)
     storages = _StorageTable()
     values: list[Value] = []
     value_nodes: list[fx.Node] = []
@@ -141,7 +141,7 @@ def _is_tangent(node: fx.Node) -> bool:
     return node.op == "placeholder" and ("tangents" in node.name or "bwd_seed" in node.name)
 
 
-def _tangent_dependent(graph: fx.Graph) -> set[fx.Node]:
+def tangent_dependent(graph: fx.Graph) -> set[fx.Node]:
     """Nodes that read a tangent, directly or not: the backward pass proper."""
     backward: set[fx.Node] = set()
     for node in graph.nodes:

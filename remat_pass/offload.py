@@ -294,7 +294,7 @@ def _step_start(order: list[fx.Node], step_names: list[str], step: int) -> fx.No
 
 def backward_step_names(joint_graph: fx.Graph) -> list[str]:
     """Names of the joint graph's backward ops in order: ``Problem.backward_steps`` by name."""
-    from .annotate import _tangent_dependent
+    from .annotate import tangent_dependent
 
-    backward = _tangent_dependent(joint_graph)
+    backward = tangent_dependent(joint_graph)
     return [n.name for n in joint_graph.nodes if n in backward and n.op == "call_function"]
