@@ -182,7 +182,7 @@ def plan_problem(problem: Problem, options: PlanOptions) -> Planned:
         logger.warning("the budget (%s) is infeasible for the graph of %s; on_infeasible='clamp': planning it at "
                        "its smallest feasible budget, %d bytes (%.4f of its keep-all %s)", options.budget,
                        describe_piece(problem), error.min_bytes, error.min_bytes / max(error.keep_all_bytes, 1),
-                       "peak" if error.kind == "peak" else "bytes")
+                       "peak" if error.kind == BudgetKind.PEAK else "bytes")
         kind = resolve_budget_kind(options.budget, options.budget_kind)
         return _solve(problem, options, resolve_budget(problem, Budget(nbytes=error.min_bytes), kind))
 
@@ -205,7 +205,7 @@ def _solve(problem: Problem, options: PlanOptions, budget: ResolvedBudget) -> Pl
     elif solver in ("ilp", "fast") and budget.kind is BudgetKind.PEAK:
         extra["cap_solver"] = solver  # the peak search solves saved-bytes caps with this solver
         solver = "ilp_peak"
-    if solver in ("ilp", "ilp_peak", "fast", "ilp_offload"):
+    if solvers.SOLVER_INFO[solver].bounds is not None:  # the planners that search for a budget take a time limit
         extra.setdefault("time_limit", options.time_limit)
     if budget.kind is BudgetKind.PEAK:
         try:

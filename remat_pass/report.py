@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from remat_pass.solvers.baselines import block_of
 from remat_pass.solvers.problem import ModuleRow, Plan, Problem, format_bytes
+from remat_pass.solvers.status import BudgetKind
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -108,7 +109,7 @@ class PlanReport:
     def text(self, limit: int = 200) -> str:
         """Plain text: totals, predicted memory, recompute overhead, then one row per module."""
         plan, problem = self.plan, self.plan.problem
-        kind = "peak of the step" if plan.budget_kind == "peak" else "saved for backward"
+        kind = "peak of the step" if plan.budget_kind == BudgetKind.PEAK else "saved for backward"
         lines = [
             f"{self._status()}, solved in {plan.solve_seconds:.2f}s) on {problem.device}",
             f"  budget           {self._budget()} ({kind})",
