@@ -45,3 +45,30 @@ def test_held_bytes_equals_saved_tensors_for_eager():
     assert saved == 8 * 64 * 4  # the ReLU output, saved by ReLU and the second Linear
     assert held == saved + loss.nbytes
 
+
+
+def test_allocator_events_with_one_timestamp_keep_their_order():
+    """Events the profiler stamps with the same nanosecond are replayed in the order they happened
+    (pre-order in the event tree: a parent's before its children's, siblings in turn); an order that
+    put the free first would count two live blocks where there was only ever one."""
+    from types import SimpleNamespace
+
+    from torch._C._profiler import _EventType
+
+    from remat_pass.compat import allocator_events
+
+    def allocation(size, ptr=1, t=5):
+        fields = SimpleNamespace(device=torch.device("cpu"), ptr=ptr, alloc_size=size)
+        return SimpleNamespace(tag=_EventType.Allocation, extra_fields=fields, start_time_ns=t, children=[])
+
+    op = SimpleNamespace(tag=None, extra_fields=None, start_time_ns=5,
+                         children=[allocation(100), allocation(-100), allocation(100, ptr=2)])
+    prof = SimpleNamespace(profiler=SimpleNamespace(kineto_results=SimpleNamespace(
+        experimental_event_tree=lambda: [op, allocation(-100, ptr=2, t=6)])))
+    events = allocator_events(prof, "cpu")
+    assert [size for _, _, size in events] == [100, -100, 100, -100]
+    live = peak = 0
+    for _, _, size in events:
+        live += size
+        peak = max(peak, live)
+    assert peak == 100
