@@ -175,7 +175,11 @@ def _highs_info(model: pulp.LpProblem, status: str) -> tuple[float | None, float
 
 def _attempt_isolated(model: pulp.LpProblem, backend: str, time_limit: float, threads: int | None, warm: bool,
                       mip: bool, gaps: tuple[float, float]) -> Attempt:
-    context = multiprocessing.get_context("fork")
+    try:
+        context = multiprocessing.get_context("fork")
+    except ValueError:  # no fork (Windows): run here, and rely on the backend's own limit
+        logger.debug("no fork on this platform: running the %s model in this process", backend)
+        return _attempt_here(model, backend, time_limit, threads, warm, mip, gaps)
     receiver, sender = context.Pipe(duplex=False)
     began = time.perf_counter()
     child = context.Process(target=_child, args=(model, backend, time_limit, threads, warm, mip, gaps, sender),

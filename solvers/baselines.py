@@ -33,9 +33,13 @@ def keep_all(problem: Problem, budget_bytes: int | None = None, **options: objec
 
 
 @planner("recompute_all", exact=False, bounds=None,
-         description="keep only what cannot be recomputed: the fewest bytes a closure reaches")
+         description="keep only what cannot be recomputed, recompute the rest")
 def recompute_all(problem: Problem, budget_bytes: int | None = None, **options: object) -> Decision:
-    """Keep only what cannot be recomputed: the least memory a keep-set closure can reach."""
+    """Keep only what cannot be recomputed, recompute everything else.
+
+    Not the fewest bytes: keeping a small recomputable value can spare a big one that cannot be
+    recomputed (a dropout mask read only to recompute it). ``min_feasible_bytes`` is the minimum.
+    """
     return _plan(problem, ())
 
 

@@ -12,19 +12,30 @@ class RematError(Exception):
 
 
 class BudgetInfeasibleError(RematError, ValueError):
-    """No plan keeps at most the budget; says the smallest budget that would work."""
+    """No plan keeps at most the budget; says the smallest budget that would work.
 
-    def __init__(self, budget_bytes: int, min_bytes: int, keep_all_bytes: int, kind: str = "saved") -> None:
+    For saved bytes ("saved") ``min_bytes`` is proven (``min_feasible_bytes``). For the peak
+    ("peak") it is the lowest peak the search found, which a plan it did not try might beat;
+    ``proven_min_bytes``, when given, is a bound no plan can go below (e.g. the working set the
+    step needs whatever is kept), and the message says both.
+    """
+
+    def __init__(self, budget_bytes: int, min_bytes: int, keep_all_bytes: int, kind: str = "saved", *,
+                 proven_min_bytes: int | None = None) -> None:
         self.budget_bytes = budget_bytes
         self.min_bytes = min_bytes
         self.keep_all_bytes = keep_all_bytes
         self.kind = kind
+        self.proven_min_bytes = proven_min_bytes
         fraction = min_bytes / keep_all_bytes if keep_all_bytes else 0.0
         if kind == "peak":
+            floor = ("" if proven_min_bytes is None else
+                     f" No plan can peak below {proven_min_bytes} bytes; between the two, a plan may exist that "
+                     "the search did not find.")
             message = (
-                f"peak budget of {budget_bytes} bytes cannot be met: the lowest peak remat_pass found for this "
-                f"graph is {min_bytes} bytes ({fraction:.4f} of the {keep_all_bytes}-byte peak of the "
-                f"un-rematerialized step). Pass budget={min_bytes} or more."
+                f"no plan found whose simulated peak fits the budget of {budget_bytes} bytes: the lowest peak "
+                f"remat_pass found for this graph is {min_bytes} bytes ({fraction:.4f} of the {keep_all_bytes}-byte "
+                f"peak of the un-rematerialized step).{floor} Pass budget={min_bytes} or more."
             )
         else:
             message = (

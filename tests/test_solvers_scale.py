@@ -18,6 +18,7 @@ The issue's reproducers R1-R6 are checked in as they were filed.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import math
 import random
@@ -45,7 +46,7 @@ from remat_pass.solvers._attempt import Attempt
 from remat_pass.solvers.fast.allocate import Config, allocate
 from remat_pass.solvers.memory import simulate_plan
 
-from tests.test_solvers import _walk, oracle, oracle_min_bytes
+from tests.test_solvers import _walk, layered, oracle, oracle_min_bytes
 
 MiB = 2**20
 BACKENDS = ("highs", "cbc")
@@ -180,22 +181,32 @@ def check_peak(problem: Problem, budget: int, plan_or_error: Plan | BudgetInfeas
 
 
 def run_case(name: str, backend: str, problem: Problem, budget: int) -> str:
-    info = SOLVER_INFO[name]
+    """"" when the planner answers ``budget`` honestly, else what is wrong."""
+    return judge(name, problem, budget, answer(name, backend, problem, budget))
+
+
+def answer(name: str, backend: str, problem: Problem, budget: int) -> Plan | BudgetInfeasibleError | str:
     options = {"backend": backend, "time_limit": 20} if name not in BASELINES else {}
     try:
-        answer: Plan | BudgetInfeasibleError = solve(problem, budget, name, **options)
+        return solve(problem, budget, name, **options)
     except BudgetInfeasibleError as error:
-        answer = error
+        return error
     except Exception as error:  # any other failure is a wrong answer to count
         return f"{type(error).__name__}: {error}"
+
+
+def judge(name: str, problem: Problem, budget: int, found: Plan | BudgetInfeasibleError | str) -> str:
+    info = SOLVER_INFO[name]
+    if isinstance(found, str):
+        return found
     if info.bounds is BudgetKind.PEAK:
-        return check_peak(problem, budget, answer)
+        return check_peak(problem, budget, found)
     if info.bounds is None:  # heuristics: valid plans that claim nothing
-        if isinstance(answer, BudgetInfeasibleError):
+        if isinstance(found, BudgetInfeasibleError):
             return "a heuristic raised BudgetInfeasibleError"
-        answer.check()
-        return "optimal claimed by a heuristic" if answer.status == Status.OPTIMAL else ""
-    return check_saved(problem, budget, answer, exact=info.exact)
+        found.check()
+        return "optimal claimed by a heuristic" if found.status == Status.OPTIMAL else ""
+    return check_saved(problem, budget, found, exact=info.exact)
 
 
 def planners() -> list[tuple[str, str]]:
@@ -234,18 +245,23 @@ def test_peak_planner_at_realistic_sizes_claims_only_what_holds(backend: str, se
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "backend"), planners())
 def test_realistic_sweep(name: str, backend: str) -> None:
-    wrong = [(seed, budget, why) for seed, budget, why in sweep(name, backend, range(1000, 1150)) if why]
+    wrong = [(seed, budget, why) for seed, budget, why, _ in sweep(name, backend, range(1000, 1150)) if why]
     assert not wrong, wrong[:5]
 
 
-def sweep(name: str, backend: str, seeds: range) -> list[tuple[int, int, str]]:
+def sweep(name: str, backend: str, seeds: range) -> list[tuple[int, int, str, str]]:
+    """(seed, budget, what is wrong or "", the status or the error's name) per boundary budget."""
     found = []
     for seed in seeds:
         problem = realistic_problem(seed)
         budgets = boundary_budgets(problem, seed)
         if name == "ilp_peak":
             budgets = budgets[:2]
-        found += [(seed, budget, run_case(name, backend, problem, budget)) for budget in budgets]
+        for budget in budgets:
+            given = answer(name, backend, problem, budget)
+            status = str(given.status) if isinstance(given, Plan) else "infeasible" if isinstance(
+                given, BudgetInfeasibleError) else "error"
+            found.append((seed, budget, judge(name, problem, budget, given), status))
     return found
 
 
@@ -371,6 +387,26 @@ def test_r5_the_fast_planners_knapsack_is_solved_without_a_backend() -> None:
     assert counts == {(0,): 1, (1,): 2}
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name", ["ilp", "fast"])
+def test_time_limit_holds_at_byte_sizes(name: str, backend: str) -> None:
+    """A bigger problem with coprime 10^9-byte sizes (exact bytes ill-scaled) under a short limit."""
+    base = layered(layers=40, width=8)
+    rng = random.Random(7)
+    problem = dataclasses.replace(base, storage_bytes=tuple(0 if b == 0 else rng.randint(10**9, 10**10)
+                                                            for b in base.storage_bytes))
+    budget = problem.keep_all_bytes() // 3
+    began = time.perf_counter()
+    try:
+        plan = solve(problem, budget, name, backend=backend, time_limit=1.0)
+    except BudgetInfeasibleError:
+        return
+    assert time.perf_counter() - began < 1.0 + 4.0  # the limit, plus one run's start-up and read-back
+    assert plan.kept_bytes <= budget
+    if plan.status != "optimal":
+        assert plan.gap is not None and plan.gap > 0
+
+
 def test_r6_fewer_bytes_first_then_fewer_recomputes() -> None:
     """R6: a 1e-3/n weight per recompute beat a 1e-2/total weight per byte, keeping bytes no plan needs."""
     x = Value(0, "x", (), storage=0, available=True)
@@ -388,13 +424,14 @@ def test_r6_fewer_bytes_first_then_fewer_recomputes() -> None:
 def main(count: int) -> None:
     """Print, per planner and backend, how many of ``count`` problems' boundary budgets were answered right."""
     seeds = range(10_000, 10_000 + count)
-    print(f"{'planner':<14} {'backend':<7} {'budgets':>7} {'right':>6}  wrong answers")
+    print(f"{'planner':<14} {'backend':<7} {'budgets':>7} {'right':>6}  wrong answers; statuses")
     for name, backend in planners():
         began = time.perf_counter()
         found = sweep(name, backend, seeds)
-        kinds = collections.Counter(why.split(":")[0] for _, _, why in found if why)
-        right = sum(1 for *_, why in found if not why)
-        print(f"{name:<14} {backend:<7} {len(found):>7} {right:>6}  {dict(kinds) or '-'} "
+        kinds = collections.Counter(why.split(":")[0] for _, _, why, _ in found if why)
+        statuses = collections.Counter(status for *_, status in found)
+        right = sum(1 for _, _, why, _ in found if not why)
+        print(f"{name:<14} {backend:<7} {len(found):>7} {right:>6}  {dict(kinds) or '-'}; {dict(statuses)} "
               f"({time.perf_counter() - began:.0f}s)", flush=True)
 
 
