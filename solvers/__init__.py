@@ -13,6 +13,11 @@ chosen by name from ``SOLVERS`` (``solvers.registry``, which also holds each one
 * ``"keep_all"``, ``"recompute_all"``, ``"chen_sqrt"``, ``"per_block"``, ``"selective"``:
   the usual checkpointing heuristics; they record the budget but do not aim for it.
 
+A plan's ``status`` (``Status``) says what is proven: "optimal" only when a check the planner
+believes closes the gap (``solvers._run``: every backend answer is verified, and only
+well-scaled models certify), "feasible" with the gap to a proven bound otherwise, "time_limit"
+when the time limit cut the search short.
+
 >>> x = Value(0, "x", (), storage=0, available=True)
 >>> h = Value(1, "h", (0,), storage=1, recompute_seconds=1e-3)
 >>> y = Value(2, "y", (1,), storage=2, recompute_seconds=2e-3)

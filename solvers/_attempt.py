@@ -26,8 +26,6 @@ import pulp
 
 logger = logging.getLogger(__name__)
 
-# The least objective improvement CBC may look for (see make_solver).
-_INCREMENT = 1e-10
 # Seconds an isolated run may overrun its time limit before it is killed (start-up, read-back).
 GRACE_SECONDS = 1.0
 
@@ -101,10 +99,8 @@ def make_solver(name: str, *, time_limit: float, threads: int | None, warm: bool
     with warnings.catch_warnings():
         # PuLP 3.3 deprecates its bundled CBC for 4.0; it is still the dependency-free fallback.
         warnings.filterwarnings("ignore", message="PULP_CBC_CMD is deprecated", category=DeprecationWarning)
-        # CBC prunes nodes less than its "increment" (1e-5 by default, absolute) better than the
-        # incumbent, so near-tie plans were "proven" worse than they are: ask for any improvement.
         return pulp.PULP_CBC_CMD(mip=mip, msg=False, timeLimit=time_limit, gapRel=rel_gap, gapAbs=abs_gap,
-                                 threads=threads, warmStart=warm, logPath=log_path, options=[f"increment {_INCREMENT}"])
+                                 threads=threads, warmStart=warm, logPath=log_path)
 
 
 @contextlib.contextmanager
