@@ -192,7 +192,7 @@ def per_block(problem: Problem, budget_bytes: int | None = None, **options: obje
 
 
 @planner("selective", exact=False, bounds=None,
-         description="Megatron-style selective recompute of the attention core")
+         description="Megatron's selective recompute of the attention core")
 def selective(problem: Problem, budget_bytes: int | None = None, **options: object) -> Decision:
     """Megatron-style selective recompute: recompute the attention core, keep the rest."""
     recomputable = effectively_recomputable(problem)

@@ -149,7 +149,7 @@ def _pinned_bytes(problem: Problem) -> int:
     return problem.bytes_of(problem.forward_outputs)
 
 
-@planner("ilp_peak", description="the ILP with simulated-peak rows: the budget bounds the step's activation peak",
+@planner("ilp_peak", description="the ILP with simulated peak rows: the budget bounds the step's activation peak",
          exact=False, bounds=BudgetKind.PEAK)
 def solve_peak(
     problem: Problem,

@@ -29,7 +29,7 @@ DEFAULT_REFINE_TIME_LIMIT = 10.0
 DEFAULT_POLISH_MAX_VALUES = 5000
 
 
-@planner("fast", description="Lagrangian min-cuts shared across identical blocks, then a short ILP; "
+@planner("fast", description="Lagrangian minimum cuts shared across identical blocks, then a short ILP; "
          "scales to deep models, with an honest gap", exact=False, bounds=BudgetKind.SAVED)
 def solve_fast(
     problem: Problem,
