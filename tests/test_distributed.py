@@ -108,12 +108,14 @@ def _train(
     accumulate: Callable[[int], Any] | None = None,
     inputs_free: bool = True,
     measure: bool = True,
+    unshard: bool = False,
 ) -> dict[str, Any]:
     """A few steps; returns the losses, every parameter, and the saved bytes of the first step.
 
     ``accumulate`` (DDP's ``no_sync``): two micro-batches per step, the first under it.
     ``inputs_free``: the step's input is not counted as saved (as ``optimize`` plans it); the
-    backend charges a piece's inputs, so there it is counted.
+    backend charges a piece's inputs, so there it is counted. ``unshard`` (FSDP2): gather the
+    parameters before measuring, so that their unsharded storages are excluded too.
     """
     params = list(model.parameters())
     opt = torch.optim.SGD(params, lr=0.1) if optimizer == "sgd" else torch.optim.AdamW(params, lr=0.01)
@@ -126,7 +128,8 @@ def _train(
             x = inputs(rank, 2 * step + index)
             torch.manual_seed(7 + 2 * step + index)  # the same dropout masks in both setups
             if measure:
-                output, nbytes = saved_activation_bytes(lambda: call(x), exclude=[*exclude, x] if inputs_free else exclude)
+                alive = [*exclude, *_unsharded_parameters(model)] if unshard else exclude
+                output, nbytes = saved_activation_bytes(lambda: call(x), exclude=[*alive, x] if inputs_free else alive)
             else:
                 output, nbytes = call(x), 0
             loss = output.square().mean()
@@ -145,6 +148,16 @@ def _train(
         "params": {name.split("module.")[-1]: _local(p) for name, p in model.named_parameters()},
         "saved": saved,
     }
+
+
+def _unsharded_parameters(model: nn.Module) -> list[torch.Tensor]:
+    """All-gather every FSDP2 module's parameters now; the full parameters forward will use."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.unshard()
+    return [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
 
 
 # --- recipes (each runs on every rank; returns what the parent compares) -----------------------
@@ -185,7 +198,12 @@ def _compiled_ddp(rank: int) -> dict[str, Any]:
 
 
 def _fsdp_blocks(rank: int, fullgraph: bool = False) -> dict[str, Any]:
-    """FSDP2 the torchtitan way: compile each block, then fully_shard each block and the root."""
+    """FSDP2 the torchtitan way: compile each block, then fully_shard each block and the root.
+
+    With ``fullgraph`` the parameters also stay gathered from forward to backward
+    (``reshard_after_forward=False``), so that the saved bytes can be measured: measuring
+    excludes parameters by address, and a freed gathered buffer's address could be reused.
+    """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
@@ -196,11 +214,14 @@ def _fsdp_blocks(rank: int, fullgraph: bool = False) -> dict[str, Any]:
     backend = remat_pass.apply_to_blocks(model, budget=0.5, blocks="blocks", fullgraph=fullgraph)
     for net in (reference, model):
         for block in net.blocks:
-            fully_shard(block, mesh=mesh)
-        fully_shard(net, mesh=mesh)
+            fully_shard(block, mesh=mesh, reshard_after_forward=not fullgraph)
+        fully_shard(net, mesh=mesh, reshard_after_forward=not fullgraph)
     expected = _train(reference, reference, rank, "adamw", measure=False)
-    actual = _train(model, model, rank, "adamw")
-    return {"expected": expected, "actual": actual, "plans": list(backend.plans), "measure": False}
+    actual = _train(model, model, rank, "adamw", measure=fullgraph, unshard=True)
+    # Saved in forward: one plan per block, plus what eager code around them saves: the output
+    # layer's (6, 16) fp32 input (the input layer's is the step's input, not counted).
+    return {"expected": expected, "actual": actual, "plans": list(backend.plans), "measure": fullgraph,
+            "plan_uses": len(model.blocks), "eager_saved": 6 * 16 * 4}
 
 
 def _fsdp_blocks_fullgraph(rank: int) -> dict[str, Any]:
@@ -284,7 +305,8 @@ def check_recipe(name: str, results: list[dict[str, Any]]) -> None:
         plans = result["plans"]
         assert plans and all(plan is not None for plan in plans), f"{name}: nothing was planned"
         if result.get("measure", True):
-            assert actual["saved"] == sum(plan.kept_bytes for plan in plans), (name, rank, actual["saved"])
+            planned = result.get("plan_uses", 1) * sum(p.kept_bytes for p in plans) + result.get("eager_saved", 0)
+            assert actual["saved"] == planned, (name, rank, actual["saved"], planned)
     first, second = ([p.kept_bytes for p in r["plans"]] for r in results)
     assert first == second, f"{name}: the ranks planned differently"
 
@@ -299,6 +321,8 @@ def test_tensor_parallel_at_budget_0_3_matches_no_remat(tmp_path):
     for rank in results["tensor_parallel"]:
         (plan,) = rank["plans"]
         assert plan.kept_bytes <= 0.3 * plan.keep_all_bytes
+        collectives = {v.id for v in plan.problem.values if TAG_COLLECTIVE in v.tags}
+        assert collectives and not collectives & plan.recomputed  # RowwiseParallel's all-reduce is kept
 
 
 @pytest.mark.slow
