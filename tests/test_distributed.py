@@ -563,3 +563,19 @@ def test_registered_backend_plans_at_the_environments_budget(monkeypatch, caplog
     (planned,) = [r for r in caplog.records if r.getMessage().startswith("planned ")]
     kept, keep_all = planned.args[2], planned.args[3]
     assert kept <= 0.25 * keep_all < keep_all
+
+
+def test_torchtitan_order_with_the_registered_backend_plans_identical_blocks_once(monkeypatch, caplog):
+    """torchtitan's apply_compile: each block replaced by torch.compile(block, backend=<name from config>)."""
+    monkeypatch.setenv("REMAT_PASS_BUDGET", "0.3")
+    torch.manual_seed(0)
+    model, x = Net(depth=3), torch.randn(6, 8)
+    reference = copy.deepcopy(model)
+    for name, block in model.blocks.named_children():
+        model.blocks.register_module(name, torch.compile(block, backend="remat", fullgraph=True))
+    with caplog.at_level("INFO", logger="remat_pass.pipeline"):
+        actual = _step(model, x)
+    expected = _step(reference, x)
+    assert torch.equal(actual[0], expected[0]) and all(map(torch.equal, actual[1], expected[1]))
+    (planned,) = [r for r in caplog.records if r.getMessage().startswith("planned ")]  # one plan, three blocks
+    assert planned.args[2] <= 0.3 * planned.args[3]
