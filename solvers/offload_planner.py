@@ -94,7 +94,7 @@ class OffloadRows:
     def add(self, model: Model) -> None:
         lp, values = model.lp, self.problem.values
         host = self.host = {s: binary(lp, f"h{s}") for s in sorted(self.candidates) if s in model.paid}
-        for v, keep in model.keep.items():
+        for v in model.keep:
             storage = values[v].storage
             if storage in host:  # g_s >= k_v becomes g_s + h_s >= k_v: paid on the device or sent
                 lp.get_constraint_by_name(f"pay_{v}").addInPlace(host[storage])

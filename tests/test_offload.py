@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from remat_pass.solvers.memory import simulate_plan
+from remat_pass.solvers.problem import TAG_VIEW
 from torch import nn
 
 import remat_pass
@@ -13,11 +15,14 @@ from remat_pass import solvers
 from remat_pass.annotate import annotate
 from remat_pass.capture import capture
 from remat_pass.examples import GPT, GPTConfig, lm_loss
-from remat_pass.offload import HOST_META, OffloadUnavailableError, ao_ops_available, transfer_ops
+from remat_pass.offload import (
+    HOST_META,
+    OffloadUnavailableError,
+    ao_ops_available,
+    transfer_ops,
+)
 from remat_pass.rewrite import rewrite
 from remat_pass.simulate import simulate
-from remat_pass.solvers.memory import simulate_plan
-from remat_pass.solvers.problem import TAG_VIEW
 
 from .helpers import eager_reference, run_step
 

@@ -4,11 +4,11 @@ not, what its transfers cost and what they do to memory."""
 from __future__ import annotations
 
 import pytest
-
-from remat_pass import solvers
 from remat_pass.solvers.memory import simulate_plan
 from remat_pass.solvers.offload import offload_candidates, transfer_schedule
 from remat_pass.solvers.problem import TAG_MATMUL, BackwardStep, Plan, Problem, Value
+
+from remat_pass import solvers
 
 
 def _chain(host_bytes_per_second: float, forward: tuple[float, float, float] = (1.0, 1.0, 1.0),
