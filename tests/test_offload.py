@@ -171,3 +171,28 @@ def test_this_torch_ships_the_offload_ops():
         pytest.skip("torch.ops.ao offload ops ship with torch 2.13")
     assert ao_ops_available()
     assert transfer_ops(torch.device("cuda")).kind == "ao"  # chosen without touching a GPU
+
+
+def test_the_backend_and_plan_take_offload_too():
+    torch.manual_seed(0)
+    model, x = ViewsAndInPlace(), torch.randn(4, 16, 32)
+    expected = eager_reference(model, (x,), _loss)
+    backend = remat_pass.backend(budget=0.15, offload=True, device="h100")
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    _assert_bit_exact(run_step(model, compiled, (x,), _loss), expected)
+    assert backend.plans[-1].offloaded
+
+    with torch.device("meta"):
+        meta_model = ViewsAndInPlace()
+    plan = remat_pass.plan(meta_model, (torch.empty(4, 16, 32, device="meta"),), budget=0.15, solver="ilp",
+                           offload=True, host_budget="1MB")
+    assert plan.offloaded and plan.host_bytes <= 10**6 and plan.host_budget_bytes == 10**6
+
+
+def test_host_budget_is_a_size():
+    from remat_pass.errors import InvalidBudgetError
+    from remat_pass.offload import parse_host_budget
+
+    assert parse_host_budget("2KiB") == 2048 and parse_host_budget(None) is None
+    with pytest.raises(InvalidBudgetError, match="host_budget is a size"):
+        parse_host_budget(0.5)
