@@ -17,7 +17,7 @@ The ops are ``torch.ops.ao.offload`` / ``ao.reload`` / ``ao.wait_tensor`` from
 ``torch._functorch._activation_offloading.offload_ops`` (torch 2.13+: one transfer stream per
 device, completion events, a pinned-memory pool — this module adds no stream logic). They need
 an accelerator. For tensors on the CPU this module emits a stand-in with the same signatures
-and the same freeing of the source (``remat_pass::offload_copy`` and friends: a copy), so the
+(``remat_pass::offload_copy`` and friends: a copy; the source is not freed), so the
 rewritten graphs run and their gradients can be checked against eager bit for bit on a
 machine without a GPU; memory effects are then checked by the simulators, which count the
 host copies as host memory.
@@ -75,10 +75,9 @@ def _reload_copy(tensor: torch.Tensor, device: torch.device, original_size: list
 
 @torch.library.impl("remat_pass::wait_copy", "CompositeExplicitAutograd")
 def _wait_copy(tensor: torch.Tensor, keepalive: torch.Tensor | None = None) -> torch.Tensor:
-    """``ao.wait_tensor``: nothing to wait for, but the source is freed the same way, so a
-    stand-in graph that read a freed source would fail here as it would on the device."""
-    if keepalive is not None and keepalive.untyped_storage().size() > 0:
-        keepalive.untyped_storage().resize_(0)
+    """``ao.wait_tensor`` without a stream: nothing to wait for. Unlike it, the source is not
+    freed here (``resize_(0)``): Inductor reuses buffers behind the graph's back, and on the CPU
+    the copy saves nothing anyway; the simulators account for the freeing."""
     return tensor
 
 

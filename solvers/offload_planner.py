@@ -11,7 +11,10 @@ model). Both directions are single-machine queues, and both are linear:
 * forward, sends released in creation order: the backlog after send ``k`` is
   ``W_k = max(0, W_{k-1} - gap_k) + p_k h_k`` (Lindley's recursion; ``gap_k`` the compute
   between two creations), relaxed to two rows a minimization makes tight; the exposed time is
-  ``max(0, W_last - compute after the last creation)``;
+  ``max(0, W_last - compute after the last creation)``. A send holds its device bytes until it
+  is done, so the device budget also bounds, after each op that makes a saved storage, the
+  storages kept so far plus the sends still pending when the op began (the backlog, in bytes):
+  offloading frees device memory only as fast as the link drains it;
 * backward, fetches all available at the start and served earliest deadline first: the
   exposed time is the largest lateness, ``max_k (sum_{j<=k} p_j h_j - d_k)``, with ``d_k`` the
   start of the first backward op that reads the storage. A value recomputed from an offloaded
@@ -30,6 +33,7 @@ in flight hold device memory, so offloading more does not always lower the forwa
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from dataclasses import dataclass
@@ -41,7 +45,7 @@ from ._mip import MipResult, binary, resolve_backend
 from ._model import Model, rounding_for, weights_for
 from ._run import solve_once
 from .errors import BudgetInfeasibleError, SolverError
-from .offload import Candidate, forward_times, offload_candidates
+from .offload import Candidate, forward_times, offload_candidates, storage_creators
 from .problem import Plan, Problem, closure_from_keep_set
 from .registry import Decision, planner
 from .status import DEFAULT_TIME_LIMIT, BudgetKind, Status, relative_gap
@@ -89,6 +93,7 @@ class OffloadRows:
     quantum: int
     host_budget_bytes: int | None = None
     unit_seconds: float | None = None
+    device_budget_units: int | None = None  # the model's budget row: also bounds sends in flight
     host: dict[int, pulp.LpVariable] | None = None
 
     def add(self, model: Model) -> None:
@@ -109,15 +114,17 @@ class OffloadRows:
                 self.host_budget_bytes // self.quantum), "host_budget"
         if self.unit_seconds is None or not host:
             return
-        exposed = self._forward_exposure(lp) + self._backward_exposure(lp)
+        exposed = self._forward_exposure(lp, model) + self._backward_exposure(lp)
         total = max(sum(self.problem.storage_bytes), 1)
         tie = pulp.lpSum(2e-2 * self.problem.storage_bytes[s] / total * h for s, h in host.items())
         lp.setObjective(lp.objective + exposed + tie)  # the tie-break prefers the device when it has room
 
-    def _forward_exposure(self, lp: pulp.LpProblem) -> pulp.LpVariable:
+    def _forward_exposure(self, lp: pulp.LpProblem, model: Model) -> pulp.LpVariable:
+        """Lindley's recursion over the sends, and (with a device budget) the in-flight rows."""
         assert self.host is not None and self.unit_seconds is not None
         unit, candidates = self.unit_seconds, self.candidates
         _, forward_total = forward_times(self.problem)
+        backlogs: list[tuple[float, pulp.LpAffineExpression]] = []  # (release, backlog in units) per send
         backlog: pulp.LpAffineExpression | int = 0
         previous = 0.0
         for index, storage in enumerate(sorted(self.host, key=lambda s: (candidates[s].release, s))):
@@ -125,10 +132,42 @@ class OffloadRows:
             waiting = _nonnegative(lp, f"send_wait{index}")
             lp += waiting >= backlog - (release - previous) / unit, f"send_queue{index}"
             backlog = waiting + (candidates[storage].seconds / unit) * self.host[storage]
+            backlogs.append((release, backlog))
             previous = release
         exposed = _nonnegative(lp, "send_exposed")
         lp += exposed >= backlog - (forward_total - previous) / unit, "send_exposed_row"
+        if self.device_budget_units is not None:
+            self._in_flight_rows(lp, model, backlogs)
         return exposed
+
+    def _in_flight_rows(self, lp: pulp.LpProblem, model: Model,
+                        backlogs: list[tuple[float, pulp.LpAffineExpression]]) -> None:
+        """After each op that makes a saved storage, the device holds the storages kept so far
+        plus every send not done when that op started (a send's wait runs after the op in which
+        it completes): that must fit the device budget too. Offloading frees device memory only
+        as fast as the link drains it."""
+        assert self.host is not None and self.unit_seconds is not None and self.device_budget_units is not None
+        unit, values, sizes = self.unit_seconds, self.problem.values, self.problem.storage_bytes
+        ends, _ = forward_times(self.problem)
+        creators = storage_creators(self.problem)
+        per_unit = unit * self.problem.host_bytes_per_second / self.quantum  # backlog units -> byte units
+        releases = [release for release, _ in backlogs]
+        kept_so_far: pulp.LpAffineExpression | int = 0
+        for index, storage in enumerate(sorted(model.paid, key=lambda s: (ends[creators[s]], s))):
+            creator = creators[storage]
+            start = ends[creator] - values[creator].recompute_seconds
+            kept = _nonnegative(lp, f"kept_by{index}")
+            lp += kept >= kept_so_far + -(-sizes[storage] // self.quantum) * model.paid[storage], f"kept_by_row{index}"
+            kept_so_far = kept
+            in_flight: pulp.LpAffineExpression | int = 0
+            earlier = bisect.bisect_left(releases, start) - 1  # the last send made before this op began
+            if earlier >= 0:
+                pending = _nonnegative(lp, f"pending{index}")
+                lp += pending >= backlogs[earlier][1] - (start - releases[earlier]) / unit, f"pending_row{index}"
+                in_flight = pending
+            if storage in self.host:
+                in_flight = in_flight + (self.candidates[storage].seconds / unit) * self.host[storage]
+            lp += kept + per_unit * in_flight <= self.device_budget_units, f"in_flight{index}"
 
     def _backward_exposure(self, lp: pulp.LpProblem) -> pulp.LpVariable:
         assert self.host is not None and self.unit_seconds is not None
@@ -208,7 +247,8 @@ def solve_offload(
     engine = resolve_backend(backend)
     rounding = rounding_for(problem)
     weights = weights_for(problem)
-    rows = OffloadRows(problem, candidates, rounding.quantum, host_budget_bytes, weights.unit_seconds)
+    rows = OffloadRows(problem, candidates, rounding.quantum, host_budget_bytes, weights.unit_seconds,
+                       rounding.budget_units(budget_bytes))
     fitting = [p for p in baselines.heuristic_plans(problem) if p.kept_bytes <= budget_bytes]
     start = min(fitting, key=lambda p: p.recompute_seconds) if fitting else None
     outcome = solve_once(problem, budget_bytes, rounding=rounding, weights=weights, time_limit=time_limit,

@@ -196,3 +196,15 @@ def test_host_budget_is_a_size():
     assert parse_host_budget("2KiB") == 2048 and parse_host_budget(None) is None
     with pytest.raises(InvalidBudgetError, match="host_budget is a size"):
         parse_host_budget(0.5)
+
+
+@pytest.mark.slow
+def test_offload_under_inductor():
+    from .helpers import assert_same_step
+
+    torch.manual_seed(0)
+    model, x = ViewsAndInPlace(), torch.randn(4, 16, 32)
+    expected = eager_reference(model, (x,), _loss)
+    optimized = remat_pass.optimize(model, budget=0.15, offload=True, device="h100", inner="inductor")
+    assert_same_step(run_step(model, optimized, (x,), _loss), expected)  # fused kernels: close, not bit-exact
+    assert optimized.plan.offloaded

@@ -120,7 +120,8 @@ def test_per_module_labels_offload():
 def test_peak_budget_with_offload_is_met_and_beats_recompute():
     problem = _chain(host_bytes_per_second=1000.0)
     keep_all_peak = simulate_plan(problem, solvers.solve(problem, None, solver="keep_all")).peak_bytes
-    plan = solvers.solve(problem, 200, solver="ilp_peak", cap_solver="ilp_offload")
-    assert simulate_plan(problem, plan).peak_bytes <= 200 < keep_all_peak
-    recompute_only = solvers.solve(problem, 200, solver="ilp_peak")
+    plan = solvers.solve(problem, 250, solver="ilp_peak", cap_solver="ilp_offload")
+    assert simulate_plan(problem, plan).peak_bytes <= 250 < keep_all_peak
+    assert plan.offloaded
+    recompute_only = solvers.solve(problem, 250, solver="ilp_peak")
     assert plan.predicted_extra_seconds < recompute_only.predicted_extra_seconds
