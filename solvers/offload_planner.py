@@ -45,6 +45,7 @@ from ._mip import MipResult, binary, resolve_backend
 from ._model import Model, rounding_for, weights_for
 from ._run import solve_once
 from .errors import BudgetInfeasibleError, SolverError
+from .ilp import min_feasible_bytes, solve_ilp
 from .offload import Candidate, forward_times, offload_candidates, storage_creators
 from .problem import Plan, Problem, closure_from_keep_set
 from .registry import Decision, planner
@@ -194,17 +195,16 @@ class OffloadRows:
             raise SolverError(f"the {result.backend} solution is not a valid plan (numerical trouble?): {error}") from error
 
 
-def min_device_bytes(problem: Problem, *, host_budget_bytes: int | None = None, time_limit: float = DEFAULT_TIME_LIMIT,
-                     backend: str = "auto") -> int:
-    """The fewest device bytes any plan keeps when it may also offload: no smaller budget works."""
-    rounding = rounding_for(problem, exact=True)
-    rows = OffloadRows(problem, offload_candidates(problem), rounding.quantum, host_budget_bytes)
-    outcome = solve_once(problem, None, rounding=rounding, weights=None, time_limit=time_limit,
-                         backend=resolve_backend(backend), gaps=(0.0, 0.5), extension=rows)
-    if outcome.status != "optimal" or outcome.plan is None:
-        raise SolverError(f"could not prove the smallest feasible device budget ({outcome.status}); "
-                          "pass a larger time_limit")
-    return outcome.plan.kept_bytes
+def _recompute_only_start(problem: Problem, budget_bytes: int, time_limit: float, backend: str,
+                          threads: int | None) -> Plan | None:
+    """The keep/recompute optimum at this budget as the MIP start: the offload model's search then
+    starts from what recompute alone achieves (the LP bound of the link rows is weak, and on
+    large graphs the backend stops at its time limit long before proving optimality)."""
+    try:
+        return solve_ilp(problem, budget_bytes, time_limit=time_limit, backend=backend, threads=threads)
+    except (BudgetInfeasibleError, SolverError):  # offloading may fit budgets recompute alone cannot
+        fitting = [p for p in baselines.heuristic_plans(problem) if p.kept_bytes <= budget_bytes]
+        return min(fitting, key=lambda p: p.recompute_seconds) if fitting else None
 
 
 @planner("ilp_offload", description="keep, recompute or offload to host memory: one integer program pricing the "
@@ -223,8 +223,9 @@ def solve_offload(
     Offloaded values do not count against ``budget_bytes`` (saved device bytes); their bytes
     together stay within ``host_budget_bytes`` (None: unlimited). Without a host link
     (``Problem.host_bytes_per_second`` 0, e.g. device "cpu") nothing can be offloaded and
-    this is the keep/recompute ILP. Raises BudgetInfeasibleError with the smallest feasible
-    device budget when nothing fits.
+    this is the keep/recompute ILP. Raises BudgetInfeasibleError when nothing fits, naming the
+    smallest budget recompute alone meets: one that surely works (with offload a somewhat
+    smaller one may work too; it is not searched for).
 
     >>> from remat_pass.solvers.problem import BackwardStep, Problem, Value
     >>> x = Value(0, "x", (), storage=0, available=True)
@@ -240,22 +241,28 @@ def solve_offload(
     began = time.perf_counter()
     candidates = offload_candidates(problem)
     if not candidates:
-        from .ilp import solve_ilp
-
         plan = solve_ilp(problem, budget_bytes, time_limit=time_limit, backend=backend, threads=threads)
         return Decision.of(plan, plan.status, plan.gap, host_budget_bytes=host_budget_bytes)
     engine = resolve_backend(backend)
-    rounding = rounding_for(problem)
     weights = weights_for(problem)
-    rows = OffloadRows(problem, candidates, rounding.quantum, host_budget_bytes, weights.unit_seconds,
-                       rounding.budget_units(budget_bytes))
-    fitting = [p for p in baselines.heuristic_plans(problem) if p.kept_bytes <= budget_bytes]
-    start = min(fitting, key=lambda p: p.recompute_seconds) if fitting else None
-    outcome = solve_once(problem, budget_bytes, rounding=rounding, weights=weights, time_limit=time_limit,
-                         backend=engine, start=start, threads=threads, extension=rows)
+    start = _recompute_only_start(problem, budget_bytes, time_limit / 4, engine, threads)
+    rounding = rounding_for(problem)
+    for rounding in (rounding, rounding_for(problem, exact=True)) if not rounding.exact else (rounding,):
+        rows = OffloadRows(problem, candidates, rounding.quantum, host_budget_bytes, weights.unit_seconds,
+                           rounding.budget_units(budget_bytes))
+        left = max(time_limit - (time.perf_counter() - began), 0.05)
+        outcome = solve_once(problem, budget_bytes, rounding=rounding, weights=weights, time_limit=left,
+                             backend=engine, start=start, threads=threads, extension=rows)
+        if outcome.status != "infeasible":
+            break  # else: rounded units made the budget infeasible; solve unrounded
     if outcome.status == "infeasible":
-        smallest = min_device_bytes(problem, host_budget_bytes=host_budget_bytes, time_limit=time_limit, backend=engine)
-        raise BudgetInfeasibleError(budget_bytes, max(smallest, budget_bytes + 1), problem.keep_all_bytes())
+        # Sending nothing is always allowed, so the model is infeasible only where recompute alone is.
+        if start is not None and start.kept_bytes <= budget_bytes:
+            logger.warning("ilp_offload: the backend calls budget %d infeasible although %s fits; keeping that plan",
+                           budget_bytes, start.solver)
+            return Decision.of(start, Status.FEASIBLE, None, host_budget_bytes=host_budget_bytes)
+        raise BudgetInfeasibleError(budget_bytes, min_feasible_bytes(problem, time_limit=time_limit, backend=engine),
+                                    problem.keep_all_bytes())
     if outcome.plan is None:
         raise SolverError(f"the {engine} backend found no plan for budget {budget_bytes} bytes within "
                           f"time_limit={time_limit:g}s; pass a larger time_limit")

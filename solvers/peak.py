@@ -184,6 +184,8 @@ def solve_peak(
         raise ValueError(f"cap_solver must be 'ilp', 'fast' or 'ilp_offload', got {cap_solver!r}")
     search = _Search(problem, budget_bytes, resolve_backend(backend), began + time_limit, threads, cap_solver)
     search.host_budget_bytes = host_budget_bytes
+    if cap_solver == "ilp_offload":  # its MIP rarely closes its gap: give each cap a share, not all
+        search.cap_seconds = time_limit / 8
     search.candidates += [_Candidate(p, simulate_plan(problem, p)) for p in baselines.heuristic_plans(problem)]
     bound: float | None = None
     if cap_solver == "ilp":
@@ -221,6 +223,7 @@ class _Search:
         self.floor = 0  # no cap below the smallest feasible saved bytes makes sense
         self.proven_infeasible = False  # the relaxation of the peak rows has no solution
         self.host_budget_bytes: int | None = None  # for cap_solver "ilp_offload"
+        self.cap_seconds: float | None = None  # at most this long per cap solve (None: all that is left)
 
     def _left(self) -> float:
         return self.deadline - time.perf_counter()
@@ -230,6 +233,8 @@ class _Search:
         from .ilp import solve_ilp
 
         seconds = max(self._left(), 0.1) if time_limit is None else time_limit
+        if self.cap_seconds is not None:
+            seconds = min(seconds, self.cap_seconds)
         try:
             if self.cap_solver == "fast":
                 plan = solve_fast(self.problem, cap, time_limit=seconds, backend=self.backend)
