@@ -205,7 +205,8 @@ def _solve(problem: Problem, options: PlanOptions, budget: ResolvedBudget) -> Pl
     elif solver in ("ilp", "fast") and budget.kind is BudgetKind.PEAK:
         extra["cap_solver"] = solver  # the peak search solves saved-bytes caps with this solver
         solver = "ilp_peak"
-    if solvers.SOLVER_INFO[solver].bounds is not None:  # the planners that search for a budget take a time limit
+    info = solvers.SOLVER_INFO.get(solver)  # None for a planner put in SOLVERS by hand (tests)
+    if info is not None and info.bounds is not None:  # the planners that search for a budget take a time limit
         extra.setdefault("time_limit", options.time_limit)
     if budget.kind is BudgetKind.PEAK:
         try:
