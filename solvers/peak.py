@@ -332,7 +332,7 @@ class _Search:
             outcome = solve_once(problem, None, rounding=rounding, weights=weights, time_limit=self._left(),
                                  backend=self.backend, threads=self.threads,
                                  extension=PeakRows(problem, self.budget, rounding, margin, tuple(sorted(
-                                     cuts, key=lambda c: (c.step, c.storage, c.literals)))))
+                                     cuts, key=lambda c: (c.step, c.storage, c.literals))), transients=True))
             if outcome.plan is None:
                 break
             candidate = self._add(outcome.plan)

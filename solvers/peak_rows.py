@@ -89,6 +89,7 @@ class PeakRows:
     rounding: Rounding
     margin: int = 0
     cuts: tuple[Cut, ...] = ()
+    transients: bool = False  # add the inputs alive while a recomputed value is made (not valid: no bound)
 
     def add(self, model: Model) -> None:
         problem, values, lp = self.problem, self.problem.values, model.lp
@@ -121,6 +122,8 @@ class PeakRows:
                     terms.append(size * either)
             if name.startswith("c"):
                 terms += self._cut_terms(model, t)
+            if self.transients:
+                terms += self._transient_terms(model, name, [w for w, f in first.items() if f == t], last)
             room = self.budget_bytes - self.margin - pinned_bytes - working
             if terms:
                 lp += pulp.lpSum(terms) <= self._room_units(room), f"peak{name}"
@@ -128,6 +131,27 @@ class PeakRows:
         kept = [self._units(problem.storage_bytes[s]) * g for s, g in model.paid.items() if s not in pinned]
         if kept:
             lp += pulp.lpSum(kept) <= self._room_units(self.budget_bytes - self.margin - pinned_bytes), "peak_forward"
+
+    def _transient_terms(self, model: Model, name: str, made: list[int], last: dict[int, int]) -> list:
+        """The largest set of recomputed inputs without backward reads of their own alive while
+        one value first read at this step is made (they die right after, so no valid row sees
+        them, yet they add to the step's peak: attention scores before the softmax)."""
+        lp, values, sizes = model.lp, self.problem.values, self.problem.storage_bytes
+        largest = None
+        for w in made:
+            if w not in model.recompute:
+                continue
+            terms = []
+            for u in sorted(set(values[w].inputs)):
+                if u in last or u not in model.recompute or sizes[values[u].storage] == 0:
+                    continue
+                both = fraction(lp, f"made{name}_{w}_{u}")
+                lp += both >= model.recompute[w] + model.recompute[u] - 1, f"made{name}_{w}_{u}"
+                terms.append(self._units(sizes[values[u].storage]) * both)
+            if terms:
+                largest = largest if largest is not None else _units_variable(lp, f"made{name}")
+                lp += largest >= pulp.lpSum(terms), f"made{name}_{w}"
+        return [] if largest is None else [largest]
 
     def _cut_terms(self, model: Model, step: int) -> list:
         terms, lp = [], model.lp
@@ -151,6 +175,13 @@ class PeakRows:
 
     def plan_from(self, problem: Problem, model: Model, result: MipResult, **fields: object) -> Plan:
         return plan_from(problem, model, result, **fields)
+
+
+def _units_variable(lp: pulp.LpProblem, name: str) -> pulp.LpVariable:
+    """A continuous variable >= 0 (byte units) owned by ``lp``."""
+    if hasattr(lp, "add_variable"):
+        return lp.add_variable(name, 0, None, cat=pulp.LpContinuous)
+    return pulp.LpVariable(name, lowBound=0)
 
 
 def cuts_at(problem: Problem, plan: Plan, step: int, alive: set[int]) -> list[Cut]:
