@@ -2,21 +2,23 @@
 
 A bound on saved bytes does not bound the peak: recomputed chains are held until their last
 use, so a plan that keeps less can peak higher (``solvers.memory``). Modelling the memory of
-every step exactly (Checkmate) makes the ILP grow with the square of the graph. Here the
-saved-bytes ILP is solved, the plan is simulated, and only where the simulated peak breaks the
-budget is a row added — an ILP + simulator loop:
+every step exactly (Checkmate) makes the ILP grow with the square of the graph. Here the ILP
+gets rows the simulator justifies, and every plan is checked on the simulator:
 
-* a *valid* row at the offending backward step ``t``: storages that must be alive there in any
-  plan that keeps or recomputes them (kept values read at or after ``t``; recomputed values
-  whose direct reads span ``t``) plus the plan-independent working set must fit;
-* if that row already holds (the excess comes from a chain recomputed early and held), a
-  row forbidding that same set of storages from being alive together.
+1. ``peak_rows``: one *valid* row per backward interval (what any plan that keeps or
+   recomputes a value must have alive there) and one at the forward's end. With storages
+   rounded down this is a relaxation: its bound is a proven lower bound on the recompute time
+   of every plan whose simulated peak fits. The same rows rounded up (plus the transient inputs
+   of recomputed values) give plans; where one overshoots, valid cuts explain the storages the
+   rows missed (a chain recomputed early and held, a kept value a later recompute reads), else
+   the rows ask for the overshoot as margin, and the ILP runs again.
+2. The older search over saved-bytes caps (secant, then a few rounds of rows at the offending
+   step on the best cap that still overshoots) adds its plans.
+3. The checkpointing baselines (``per_block``: torch.utils.checkpoint per block) are
+   candidates too, so the answer is never worse than them under this peak model.
 
-Rows are few (one or two per round), so each round costs about one saved-bytes solve. Every
-plan seen, and the checkpointing baselines, are kept as candidates: the answer is the cheapest
-one whose simulated peak fits, with status "optimal" only when the last ILP round's plan fits
-and that ILP was proven optimal under the rows (the valid rows never cut off a fitting plan,
-the heuristic ones may: then the status is "feasible").
+The answer is the cheapest candidate whose simulated peak fits: "optimal" only when its cost
+meets the proven bound, else "feasible" with the gap to it (None when no bound was proven).
 """
 
 from __future__ import annotations
@@ -170,10 +172,10 @@ def solve_peak(
     bound device bytes, ``host_budget_bytes`` the host's; no peak rows either). Plans are
     ranked by predicted extra time: recompute plus exposed transfer time.
 
-    Two phases, both "solve, simulate, adjust": first a search over the saved-bytes cap (the
-    peak is roughly the saved bytes plus a working set, so a secant step lands close), then a
-    few rounds of peak rows on the best cap that still overshoots, to win back recompute.
-    Raises BudgetInfeasibleError (kind "peak") with the lowest peak found when nothing fits.
+    With ``cap_solver="ilp"``: the valid peak rows first (a proven lower bound, then plans and
+    cuts), then the saved-bytes-cap search; the other cap solvers only run that search. The
+    baselines are candidates throughout. Raises BudgetInfeasibleError (kind "peak") with the
+    lowest peak found when nothing fits.
     """
     began = time.perf_counter()
     keep_all = baselines.keep_all(problem)
