@@ -37,7 +37,7 @@ from remat_pass.solvers.problem import Plan, Problem, format_bytes
 
 from remat_pass import solvers
 
-from .scaling import _HFStep, llama_model, trace_timed
+from .scaling import HFStep, llama_model, trace_timed
 
 DEFAULT_OUT = Path("benchmarks/out/offload")
 
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     args.llama_seq = args.seq
     model = llama_model(args.layers, args)
     ids = torch.zeros(1, args.seq, dtype=torch.long, device="meta")
-    problem, capture_s, annotate_s, _ = trace_timed(_HFStep(model), (ids,), args.device)
+    problem, capture_s, annotate_s, _ = trace_timed(HFStep(model), (ids,), args.device)
     keep_all = solvers.solve(problem, None, solver="keep_all")
     keep_all_peak = simulate_plan(problem, keep_all).peak_bytes
     step = step_seconds(problem)

@@ -156,7 +156,7 @@ def scaling_markdown(rows: list[dict[str, Any]], command: str) -> str:
 # --- Llama-2-70B ------------------------------------------------------------------------------
 
 
-class _HFStep(nn.Module):
+class HFStep(nn.Module):
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
@@ -205,7 +205,7 @@ def run_llama70b(args: argparse.Namespace) -> dict[str, Any]:
     model = llama_model(args.llama_layers, args)
     ids = torch.zeros(1, args.llama_seq, dtype=torch.long, device="meta")
     built = time.perf_counter()
-    made = plan_with_report(_HFStep(model), (ids,), budget=args.llama_budget, device=args.device, solver="fast")
+    made = plan_with_report(HFStep(model), (ids,), budget=args.llama_budget, device=args.device, solver="fast")
     planned = time.perf_counter()
     plan, problem = made.plan, made.plan.problem
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
