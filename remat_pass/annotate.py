@@ -474,10 +474,18 @@ def _checkpoint_tags(node: fx.Node) -> set[str]:
     are what the model as given recomputes (``baseline.as_given_plan``)."""
     from torch.utils.checkpoint import CheckpointPolicy
 
-    policy = node.meta.get("recompute")
-    if policy in (CheckpointPolicy.PREFER_RECOMPUTE, CheckpointPolicy.MUST_RECOMPUTE):
-        return {TAG_CHECKPOINTED}
-    return set()
+    recompute = (CheckpointPolicy.PREFER_RECOMPUTE, CheckpointPolicy.MUST_RECOMPUTE)
+    if node.meta.get("recompute") not in recompute:
+        return set()
+    # As AOTAutograd's ``cleanup_recompute_tags`` (run by its partitioners, after ours reads the
+    # graph): a region's output that a later region reads is its input, which eager saves.
+    region = node.meta.get("ac_graph_id")
+    later = [u for u in node.users if u.meta.get("recompute") in recompute and u.meta.get("ac_graph_id") is not None]
+    if region is not None and any(u.meta["ac_graph_id"] > region for u in later):
+        return set()
+    if node.meta.get("has_backward_hook", False) and not later:
+        return set()
+    return {TAG_CHECKPOINTED}
 
 
 def _argument(node: fx.Node, name: str, missing: Any) -> Any:

@@ -27,6 +27,7 @@ from remat_pass import solvers
 from remat_pass.solvers.problem import Plan, Problem
 
 from .annotate import AnnotatedGraph, annotate
+from .baseline import as_given_plan, has_checkpoint_regions
 from .budget import Budget
 from .capture import JointGraph
 from .costs import DeviceProfile
@@ -143,18 +144,28 @@ class ResolvedBudget:
     budget_bytes: int
     target_bytes: int
     reference_bytes: int
+    as_given: Plan | None = field(default=None, repr=False, compare=False)
 
 
 def resolve_budget(problem: Problem, budget: Budget, kind: str = BudgetKind.AUTO) -> ResolvedBudget:
-    """The one place a budget becomes bytes for ``problem``."""
+    """The one place a budget becomes bytes for ``problem``.
+
+    The reference is the model as given (``baseline.as_given_plan``: keep-all, less what the
+    model's own checkpoint regions recompute): a fraction is relative to what it saves (or its
+    peak), and no budget lets the solver hold more than it does.
+    """
     resolved = resolve_budget_kind(budget, kind)
+    given = as_given_plan(problem)
     if resolved is BudgetKind.PEAK:
-        reference = solvers.simulate_plan(problem, solvers.solve(problem, None, solver="keep_all")).peak_bytes
+        reference = solvers.simulate_plan(problem, given).peak_bytes
         budget_bytes = budget.resolve(reference)
-        return ResolvedBudget(budget, resolved, budget_bytes, without_headroom(budget_bytes), reference)
-    reference = problem.keep_all_bytes()
+        return ResolvedBudget(budget, resolved, budget_bytes, without_headroom(budget_bytes), reference, given)
+    reference = given.kept_bytes
     budget_bytes = budget.resolve(reference)
-    return ResolvedBudget(budget, resolved, budget_bytes, budget_bytes, reference)
+    if budget_bytes > reference:
+        logger.info("saved-bytes budget %d is above what the model as given saves; planning within its %d bytes",
+                    budget_bytes, reference)
+    return ResolvedBudget(budget, resolved, budget_bytes, min(budget_bytes, reference), reference, given)
 
 
 # --- planning ---------------------------------------------------------------------------------
@@ -208,7 +219,9 @@ def _solve(problem: Problem, options: PlanOptions, budget: ResolvedBudget) -> Pl
     info = solvers.SOLVER_INFO.get(solver)  # None for a planner put in SOLVERS by hand (tests)
     if info is not None and info.bounds is not None:  # the planners that search for a budget take a time limit
         extra.setdefault("time_limit", options.time_limit)
-    if budget.kind is BudgetKind.PEAK:
+    if budget.kind is BudgetKind.PEAK and _as_given_fits(problem, solver, budget):
+        plan = _no_more_than_as_given(problem, options.solver, extra, budget)
+    elif budget.kind is BudgetKind.PEAK:
         try:
             plan = solvers.solve(problem, budget.target_bytes, solver=solver, **extra)
         except solvers.BudgetInfeasibleError as error:
@@ -216,10 +229,40 @@ def _solve(problem: Problem, options: PlanOptions, budget: ResolvedBudget) -> Pl
                 budget.budget_bytes, with_headroom(error.min_bytes), budget.reference_bytes, kind="peak") from None
         plan = replace(plan, budget_bytes=budget.budget_bytes)
     else:
-        plan = solvers.solve(problem, budget.target_bytes, solver=solver, **extra)
+        try:
+            plan = solvers.solve(problem, budget.target_bytes, solver=solver, **extra)
+        except solvers.BudgetInfeasibleError:
+            if budget.as_given is None or budget.target_bytes < budget.reference_bytes:
+                raise
+            plan = replace(budget.as_given, budget_bytes=budget.target_bytes)  # a solver's rounding: the model's own plan fits
     if plan.predicted_peak_bytes is None:
         plan = replace(plan, predicted_peak_bytes=solvers.simulate_plan(problem, plan).peak_bytes)
     return Planned(plan, budget)
+
+
+def _as_given_fits(problem: Problem, solver: str, budget: ResolvedBudget) -> bool:
+    """A peak budget the model's own checkpointing already meets: plan within what it saves.
+
+    Only for models that checkpoint (otherwise the as-given plan is keep-all and the peak
+    search finds it) and for the budgeted solvers (a baseline solver is asked for by name).
+    """
+    return (budget.as_given is not None and budget.budget_bytes >= budget.reference_bytes
+            and solver in ("ilp_peak", "ilp", "fast") and has_checkpoint_regions(problem))
+
+
+def _no_more_than_as_given(problem: Problem, solver: str, extra: dict[str, Any], budget: ResolvedBudget) -> Plan:
+    """The cheapest plan that saves no more than the model as given and peaks no higher;
+    the model's own plan where the solver finds none better."""
+    given = budget.as_given
+    assert given is not None
+    options = {k: v for k, v in extra.items() if k != "cap_solver"}
+    try:
+        plan = solvers.solve(problem, given.kept_bytes, solver=solver, **options)
+    except solvers.BudgetInfeasibleError:
+        plan = given
+    if solvers.simulate_plan(problem, plan).peak_bytes > budget.reference_bytes:
+        plan = given
+    return replace(plan, budget_bytes=budget.budget_bytes, budget_kind=BudgetKind.PEAK.value)
 
 
 # --- one joint graph: plan, rewrite, reconcile ------------------------------------------------
