@@ -34,6 +34,7 @@ from .annotate import module_path
 from .capture import INNER_COMPILERS, JointGraph, make_dynamo_backend
 from .costs import DeviceProfile
 from .offload import check_offload_options, parse_host_budget
+from .plan_cache import PlanCache, as_plan_cache
 from .errors import InvalidBudgetError
 from .pipeline import (
     DEFAULT_BUDGET,
@@ -54,7 +55,8 @@ class RematBackend:
     """A dynamo backend object; it remembers the plan of every subgraph it compiled.
 
     ``plans`` lists them in compile order. ``on_plan`` (used by ``optimize``) is called with
-    each new plan as soon as it exists.
+    each new plan as soon as it exists. ``plan_cache`` (a ``PlanCache`` or a directory) stores
+    solved plans on disk and reuses them when the same graph is planned with the same inputs.
 
     ``on_infeasible``: when one graph (a piece of a step dynamo split at graph breaks, DDP's
     gradient buckets or FSDP2's hooks) cannot meet the budget, "raise" (default) fails the
@@ -83,6 +85,7 @@ class RematBackend:
         host_budget: object = None,
         on_infeasible: str = OnInfeasible.RAISE,
         pieces: int = 1,
+        plan_cache: PlanCache | str | os.PathLike[str] | None = None,
         **solver_options: Any,
     ) -> None:
         if inner not in INNER_COMPILERS:
@@ -98,7 +101,8 @@ class RematBackend:
         parsed, budget_kind = _per_piece(parsed, budget_kind, pieces)
         self.options = PlanOptions(parsed, solver, device, time_limit, budget_kind, solver_options, free_inputs,
                                    on_infeasible=on_infeasible, offload=offload,
-                                   host_budget_bytes=parse_host_budget(host_budget))
+                                   host_budget_bytes=parse_host_budget(host_budget),
+                                   plan_cache=as_plan_cache(plan_cache))
         self.pieces = pieces
         self.inner = inner
         self.plans: list[Plan] = []

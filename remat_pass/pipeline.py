@@ -32,6 +32,7 @@ from .budget import Budget
 from .capture import JointGraph
 from .costs import DeviceProfile
 from .errors import RematError
+from .progress import solving
 from .rewrite import rewrite
 from .simulate import simulate
 from .tracing import LossFn, TracedStep, as_inputs, merge_problems, trace_step
@@ -104,6 +105,8 @@ class PlanOptions:
     # remat_pass.offload), within host_budget_bytes (None: unlimited).
     offload: bool = False
     host_budget_bytes: int | None = None
+    # Where solved plans are stored and looked up (plan_cache.PlanCache); not a planning input.
+    plan_cache: Any = field(default=None, compare=False, repr=False)
 
 
 # --- the budget -------------------------------------------------------------------------------
@@ -183,8 +186,24 @@ def plan_problem(problem: Problem, options: PlanOptions) -> Planned:
     """Resolve the budget against ``problem`` and solve; the plan carries its predicted peak.
 
     Raises BudgetInfeasibleError (in the user's terms: a peak error names the smallest budget
-    that works with the headroom) unless ``options.on_infeasible`` is "clamp".
+    that works with the headroom) unless ``options.on_infeasible`` is "clamp". A solve that runs
+    longer than a few seconds is reported at INFO while it runs (``progress.solving``).
     """
+    cache = options.plan_cache
+    if cache is not None and (found := cache.get(problem, options)) is not None:
+        plan, budget = found
+        return Planned(plan, resolve_budget(problem, Budget(budget["fraction"], budget["nbytes"]), budget["kind"]))
+    what = f"a {options.solver} plan for {len(problem.values)} values under budget {options.budget}"
+    with solving(what, options.time_limit):
+        planned = _plan_or_clamp(problem, options)
+    if cache is not None:
+        requested = planned.budget.requested
+        cache.put(problem, options, planned.plan,
+                  {"fraction": requested.fraction, "nbytes": requested.nbytes, "kind": planned.budget.kind.value})
+    return planned
+
+
+def _plan_or_clamp(problem: Problem, options: PlanOptions) -> Planned:
     try:
         return _solve(problem, options, resolve_budget(problem, options.budget, options.budget_kind))
     except solvers.BudgetInfeasibleError as error:

@@ -1,0 +1,60 @@
+"""A long solve says it is alive (driver-side INFO log); the default MIP backend is HiGHS."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import time
+
+import pytest
+
+from remat_pass import progress, solvers
+from remat_pass.budget import Budget
+from remat_pass.pipeline import PlanOptions, plan_problem
+from remat_pass.solvers import _mip
+from remat_pass.solvers.problem import Problem, Value
+
+
+def _chain() -> Problem:
+    values = (Value(0, "x", (), 0, available=True, keepable=False, recomputable=False),
+              Value(1, "a", (0,), 1, recompute_seconds=1.0), Value(2, "b", (1,), 2, recompute_seconds=1.0))
+    return Problem(values, (0, 100, 100), frozenset({1, 2}))
+
+
+def _messages(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == progress.__name__ and r.levelno == logging.INFO]
+
+
+def test_a_long_solve_is_reported_while_it_runs(caplog):
+    caplog.set_level(logging.INFO, logger=progress.__name__)
+    with progress.solving("a test plan", 30.0, after=0.05, every=0.05):
+        time.sleep(0.3)
+    messages = _messages(caplog)
+    assert sum(m.startswith("still solving a test plan") for m in messages) >= 2
+    assert "(time limit 30s)" in messages[0] and messages[-1].startswith("solved a test plan in")
+
+
+def test_a_short_solve_says_nothing(caplog):
+    caplog.set_level(logging.INFO, logger=progress.__name__)
+    with progress.solving("a quick plan"):
+        pass
+    assert _messages(caplog) == []
+
+
+def test_the_driver_reports_a_slow_solver(caplog, monkeypatch):
+    def slow(problem, budget_bytes, **options):
+        time.sleep(0.3)
+        return solvers.solve(problem, budget_bytes, solver="keep_all")
+
+    monkeypatch.setitem(solvers.SOLVERS, "slow", slow)
+    monkeypatch.setattr(progress, "FIRST_REPORT_SECONDS", 0.05)
+    caplog.set_level(logging.INFO, logger=progress.__name__)
+    planned = plan_problem(_chain(), PlanOptions(Budget(fraction=1.0), solver="slow"))
+    assert planned.plan.kept == {1, 2}
+    assert any(m.startswith("still solving a slow plan for 3 values") for m in _messages(caplog))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("highspy") is None, reason="highspy not installed")
+def test_the_default_mip_backend_is_highs():
+    """highspy is a core dependency: "auto" must pick it (CBC is the fallback, tests/test_solvers.py)."""
+    assert _mip.resolve_backend("auto") == "highs"
