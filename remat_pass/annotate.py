@@ -98,6 +98,7 @@ def annotate(joint: JointGraph, device: str | DeviceProfile = "cpu", *, free_inp
     profile = get_profile(device)
     graph = joint.module.graph
     _order_dropout_masks(graph)
+    _drop_identity_copies(graph)
     charged = set() if free_inputs else _activation_inputs(joint)
     backward_nodes = tangent_dependent(graph)
     backward_nodes |= _derived_in_backward(graph, backward_nodes, joint.num_fwd_outputs)
@@ -178,6 +179,73 @@ def _derived_in_backward(graph: fx.Graph, backward: set[fx.Node], num_fwd_output
             needed.add(node)
             stack.extend(node.all_input_nodes)
     return tagged - needed
+
+
+_IDENTITY_COPIES = {"clone", "_to_copy"}
+
+
+def _drop_identity_copies(graph: fx.Graph) -> None:
+    """Replace exact copies of intermediate values by the values themselves (in place).
+
+    Functionalization turns what eager aliases into copies: ``dropout(x, p=0)`` in training and
+    ``.to()`` to the same dtype return ``x`` itself in eager but ``clone(x)`` / ``_to_copy(x)`` in
+    the graph. Where backward reads both (softmax's backward its output, the next matmul's
+    backward a view of the "dropped-out" copy), keep-all would save two storages where eager
+    saves one. The copy equals ``x`` bit for bit (same shape, strides, dtype, device), and an
+    op's output is never mutated in a functional graph, so its readers may read ``x``. Copies of
+    graph inputs (the step may mutate them) and copies the graph returns (AOTAutograd has
+    already recorded how outputs alias) stay.
+    """
+    returned = set(next(iter(graph.find_nodes(op="output"))).all_input_nodes)
+    dropped: set[StorageWeakRef] = set()
+    for node in list(graph.nodes):
+        original = _copied_from(node)
+        if original is not None and node not in returned:
+            dropped.add(StorageWeakRef(node.meta["val"].untyped_storage()))
+            node.replace_all_uses_with(original)
+            graph.erase_node(node)
+    if dropped:
+        _refresh_views(graph, dropped)
+
+
+def _refresh_views(graph: fx.Graph, dropped: set[StorageWeakRef]) -> None:
+    """Views of a dropped copy now view the original: recompute their fake values (graph order
+    is topological, so each view's input is refreshed first), so that storages stay shared."""
+    for node in graph.nodes:
+        val = node.meta.get("val")
+        if node.op != "call_function" or not isinstance(val, torch.Tensor):
+            continue
+        try:
+            if StorageWeakRef(val.untyped_storage()) not in dropped:
+                continue
+        except (NotImplementedError, RuntimeError):
+            continue
+        meta = lambda a: a.meta.get("val") if isinstance(a, fx.Node) else a  # noqa: E731
+        with val.fake_mode:
+            node.meta["val"] = node.target(*tree_map(meta, node.args), **tree_map(meta, node.kwargs))
+
+
+def _copied_from(node: fx.Node) -> fx.Node | None:
+    """The op output ``node`` is an exact copy of, or None."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        return None
+    if target.overloadpacket.__name__ not in _IDENTITY_COPIES or not node.args:
+        return None
+    source = node.args[0]
+    if not isinstance(source, fx.Node) or source.op != "call_function":
+        return None
+    copy, original = node.meta.get("val"), source.meta.get("val")
+    if not (isinstance(copy, torch.Tensor) and isinstance(original, torch.Tensor)):
+        return None
+    if (copy.dtype, copy.device, copy.layout) != (original.dtype, original.device, original.layout):
+        return None
+    sizes = [*zip(copy.shape, original.shape), *zip(copy.stride(), original.stride()),
+             (copy.storage_offset(), original.storage_offset())]
+    same = copy.dim() == original.dim() and all(statically_known_true(a == b) for a, b in sizes)
+    return source if same else None
 
 
 def _backward_reads(

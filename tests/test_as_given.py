@@ -90,6 +90,22 @@ def test_keep_all_saves_no_more_than_eager_on_llama():
     assert actual.saved_bytes == optimized.plan.kept_bytes <= expected.saved_bytes
 
 
+def test_keep_all_saves_no_more_than_eager_with_zero_dropout():
+    """Was 1.055x: ``dropout(p=0)`` aliases its input in eager but is a ``clone`` in the graph, and
+    backward read both the softmax output and (a view of) its copy."""
+    from remat_pass.examples import GPT, GPTConfig, lm_loss
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=64, seq_len=16, layers=2, hidden=32, heads=2, dropout=0.0))
+    tokens, targets = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))
+    loss_fn = lambda logits, *_: lm_loss(logits, targets)  # noqa: E731
+    expected = eager_reference(model, (tokens,), loss_fn)
+    optimized = remat_pass.optimize(model, budget=1.0)
+    actual = run_step(model, optimized, (tokens,), loss_fn)
+    assert_same_step(actual, expected)
+    assert actual.saved_bytes <= optimized.plan.kept_bytes and actual.saved_bytes <= expected.saved_bytes
+
+
 def test_checkpoint_regions_are_the_as_given_plan():
     torch.manual_seed(0)
     model, inputs = Checkpointed(), (torch.randn(4, 16),)
