@@ -27,6 +27,7 @@ from torch import nn
 
 from remat_pass.solvers.problem import Plan
 
+from .budget import parse_budget
 from .capture import capture_failure
 from .compat import recompile_limit, recompile_limit_errors
 from .costs import DeviceProfile
@@ -35,6 +36,7 @@ from .dynamo_backend import RematBackend
 from .errors import CaptureError, RematError
 from .inputs import call_inputs, canonical, forward_signature
 from .pipeline import DEFAULT_BUDGET
+from .plan_cache import as_plan_cache
 from .plan_keys import PlanKey, plan_key, replan_reason
 from .state import untouched
 
@@ -56,11 +58,14 @@ class _Settings:
     offload: bool = False
     host_budget: object = None
     solver_options: Mapping[str, Any] = field(default_factory=dict)
+    fullgraph: bool = True  # False: graph breaks allowed, each piece planned on its own
+    dynamic: bool = False  # True: one plan, made at the first call's sizes, for every size
+    plan_cache: Any = None  # plan_cache.PlanCache, a directory or None
 
 
 # Per-instance state that is rebuilt, never copied or pickled: it holds a lock, compiled code and
 # plans for graphs that a copy has not compiled.
-_TRANSIENT = ("_backend", "_compiled", "_plans", "_last_key", "_calls", "_signature", "forward")
+_TRANSIENT = ("_backend", "_compiled", "_plans", "_pieces", "_last_key", "_calls", "_signature", "forward")
 
 
 class RematModule(nn.Module):
@@ -82,29 +87,35 @@ class RematModule(nn.Module):
         budget_kind: str = "auto",
         offload: bool = False,
         host_budget: object = None,
+        fullgraph: bool = True,
+        dynamic: bool = False,
+        plan_cache: Any = None,
         **solver_options: Any,
     ) -> None:
         super().__init__()
         self.module = module
         self._settings = _Settings(budget, inner, solver, device, time_limit, budget_kind, offload, host_budget,
-                                   dict(solver_options))
+                                   dict(solver_options), fullgraph, dynamic, as_plan_cache(plan_cache))
         self._build()
 
     def _build(self) -> None:
         """Fresh compiled state: a backend, a compiled forward, no plans."""
         settings = self._settings
         self._plans: dict[PlanKey, Plan] = {}
+        self._pieces: dict[PlanKey, tuple[Plan, ...]] = {}
         self._last_key: PlanKey | None = None
         self._calls = threading.local()  # .ran: the plans of the graphs this thread's call ran
         self._backend = RematBackend(
             settings.budget, inner=settings.inner, solver=settings.solver, device=settings.device,
-            time_limit=settings.time_limit, budget_kind=settings.budget_kind, free_inputs=True,
-            offload=settings.offload, host_budget=settings.host_budget, **settings.solver_options,
+            time_limit=settings.time_limit, budget_kind=settings.budget_kind, free_inputs=settings.fullgraph,
+            offload=settings.offload, host_budget=settings.host_budget, plan_cache=settings.plan_cache,
+            **settings.solver_options,
         )
         self._signature = forward_signature(self.module.forward)
         # Not a registered submodule: its parameters are the original's.
         object.__setattr__(self, "_compiled",
-                           torch.compile(self.module, backend=self._compile_graph, fullgraph=True, dynamic=False))
+                           torch.compile(self.module, backend=self._compile_graph, fullgraph=settings.fullgraph,
+                                         dynamic=settings.dynamic))
         # The model's signature on forward, as torch.compile's own wrapper does: tools that inspect
         # forward (Trainer drops batch columns forward does not name) see the model's parameters.
         self.forward = functools.update_wrapper(functools.partial(RematModule._forward, self), self.module.forward)
@@ -118,7 +129,7 @@ class RematModule(nn.Module):
 
         @functools.wraps(compiled)  # keeps the calling convention flags (_boxed_call)
         def run(*args: Any) -> Any:
-            calls.ran = plans
+            calls.ran = getattr(calls, "ran", ()) + plans  # each piece of a call between graph breaks
             return compiled(*args)
 
         return run
@@ -133,6 +144,12 @@ class RematModule(nn.Module):
         """The plan each key (inputs, mode, parameter states) last ran with."""
         return dict(self._plans)
 
+    @property
+    def pieces(self) -> tuple[Plan, ...]:
+        """The plans of every graph piece the most recent training call ran, in order (with
+        ``fullgraph=False``, one per piece between graph breaks; ``plan`` is the last)."""
+        return self._pieces.get(self._last_key, ()) if self._last_key is not None else ()
+
     def _forward(self, *args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
             return self.module(*args, **kwargs)  # no backward, nothing to plan
@@ -146,6 +163,9 @@ class RematModule(nn.Module):
                         len(self._backend.plans), replan_reason(self._last_key, key, self.module))
         if self._calls.ran:
             self._plans[key] = self._calls.ran[-1]
+            if len(self._calls.ran) > 1 and key not in self._pieces:
+                _warn_graph_breaks(self._settings.budget, len(self._calls.ran))
+            self._pieces[key] = self._calls.ran
         self._last_key = key
         return output
 
@@ -161,7 +181,7 @@ class RematModule(nn.Module):
                 "This is a remat_pass bug; please report it with the model."
             ) from error
         except torch._dynamo.exc.TorchDynamoException as error:
-            raise capture_failure(error) from error
+            raise _with_fullgraph_hint(capture_failure(error), self._settings.fullgraph) from error
         except _RECOMPILE_LIMIT_HIT as error:  # not a TorchDynamoException
             limit = recompile_limit()
             raise CaptureError(
@@ -216,6 +236,21 @@ class RematModule(nn.Module):
         return repr(self._backend)
 
 
+def _warn_graph_breaks(budget: object, pieces: int) -> None:
+    """Pieces are planned one by one: say so, and what the budget then means."""
+    applies = ("each piece keeps that fraction of what it saves as given" if parse_budget(budget).fraction is not None
+               else "an absolute budget bounds each piece on its own, not their sum")
+    logger.warning("the forward was captured in %d pieces (graph breaks); each piece is planned separately: %s. "
+                   "TORCH_LOGS=graph_breaks shows where tracing broke", pieces, applies)
+
+
+def _with_fullgraph_hint(error: CaptureError, fullgraph: bool) -> CaptureError:
+    if not fullgraph:
+        return error
+    return CaptureError(f"{error}\nTo plan each piece between graph breaks instead, pass "
+                        "optimize(..., fullgraph=False).")
+
+
 def optimize(
     model: nn.Module,
     budget: object = DEFAULT_BUDGET,
@@ -229,6 +264,9 @@ def optimize(
     budget_kind: str = "auto",
     offload: bool = False,
     host_budget: object = None,
+    fullgraph: bool = True,
+    dynamic: bool = False,
+    plan_cache: Any = None,
     **solver_options: Any,
 ) -> RematModule:
     """Wrap ``model`` so that its training step keeps at most ``budget`` activation bytes.
@@ -248,6 +286,12 @@ def optimize(
     ``torch.ops.ao`` offload ops; on the CPU a copy stands in for the transfer, so a model on
     the CPU can be planned for an H100 and checked against eager.
 
+    ``fullgraph=False`` accepts graph breaks: each piece is planned on its own (a fraction applies
+    to each piece; an absolute budget bounds each piece separately); ``.pieces`` lists their plans.
+    ``dynamic=True`` makes one plan, at the first call's shapes, that serves every input size
+    (the budget is checked at that shape; plan ahead with the largest one). ``plan_cache`` (a
+    directory or ``plan_cache.PlanCache``) stores plans on disk, so a restarted job skips the solve.
+
     >>> import remat_pass
     >>> from remat_pass.examples import gpt_example, lm_loss
     >>> model, tokens, targets = gpt_example()
@@ -261,7 +305,8 @@ def optimize(
     reject_wrapped_model(model)
     optimized = RematModule(
         model, budget, inner=inner, solver=solver, device=device, time_limit=time_limit,
-        budget_kind=budget_kind, offload=offload, host_budget=host_budget, **solver_options,
+        budget_kind=budget_kind, offload=offload, host_budget=host_budget, fullgraph=fullgraph, dynamic=dynamic,
+        plan_cache=plan_cache, **solver_options,
     )
     if example_inputs is not None or example_kwargs is not None:
         call = call_inputs(example_inputs, example_kwargs)

@@ -253,7 +253,7 @@ def _solve(problem: Problem, options: PlanOptions, budget: ResolvedBudget) -> Pl
         except solvers.BudgetInfeasibleError:
             if budget.as_given is None or budget.target_bytes < budget.reference_bytes:
                 raise
-            plan = replace(budget.as_given, budget_bytes=budget.target_bytes)  # a solver's rounding: the model's own plan fits
+            plan = replace(budget.as_given, budget_bytes=budget.target_bytes)  # the solver rounded; the model's plan fits
     if plan.predicted_peak_bytes is None:
         plan = replace(plan, predicted_peak_bytes=solvers.simulate_plan(problem, plan).peak_bytes)
     return Planned(plan, budget)

@@ -80,3 +80,13 @@ def test_an_unreadable_file_is_a_miss_and_is_rewritten(tmp_path):
 def test_plan_cache_argument_is_checked():
     with pytest.raises(TypeError, match="plan_cache must be"):
         remat_pass.backend(0.5, plan_cache=42)
+
+
+def test_optimize_takes_a_plan_cache(tmp_path):
+    cache = PlanCache(tmp_path)
+    for expected_stats in ({"hits": 0, "misses": 1}, {"hits": 1, "misses": 1}):
+        torch._dynamo.reset()
+        model, inputs = _model(), (torch.randn(4, 8),)
+        optimized = remat_pass.optimize(model, budget=0.5, plan_cache=cache)
+        assert_same_step(run_step(model, optimized, inputs, _loss), eager_reference(model, inputs, _loss))
+        assert cache.stats == expected_stats
