@@ -194,13 +194,14 @@ def _drop_identity_copies(graph: fx.Graph) -> None:
     saves one. The copy equals ``x`` bit for bit (same shape, strides, dtype, device), and an
     op's output is never mutated in a functional graph, so its readers may read ``x``. Copies of
     graph inputs (the step may mutate them) and copies the graph returns (AOTAutograd has
-    already recorded how outputs alias) stay.
+    already recorded how outputs alias, so neither a copy returned nor one a returned view reads)
+    stay.
     """
-    returned = set(next(iter(graph.find_nodes(op="output"))).all_input_nodes)
+    returned = {key for node in next(iter(graph.find_nodes(op="output"))).all_input_nodes for key, _ in _storages(node)}
     dropped: set[StorageWeakRef] = set()
     for node in list(graph.nodes):
         original = _copied_from(node)
-        if original is not None and node not in returned:
+        if original is not None and StorageWeakRef(node.meta["val"].untyped_storage()) not in returned:
             dropped.add(StorageWeakRef(node.meta["val"].untyped_storage()))
             node.replace_all_uses_with(original)
             graph.erase_node(node)

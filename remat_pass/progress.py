@@ -12,7 +12,7 @@ import contextlib
 import logging
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 logger = logging.getLogger(__name__)
 

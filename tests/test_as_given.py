@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from remat_pass.solvers.problem import Problem, Value
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -13,7 +14,6 @@ from remat_pass import solvers
 from remat_pass.annotate import annotate
 from remat_pass.baseline import TAG_CHECKPOINTED, as_given_plan, has_checkpoint_regions
 from remat_pass.capture import capture
-from remat_pass.solvers.problem import Problem, Value
 
 from .helpers import assert_same_step, eager_reference, run_step
 
@@ -98,7 +98,7 @@ def test_keep_all_saves_no_more_than_eager_with_zero_dropout():
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=64, seq_len=16, layers=2, hidden=32, heads=2, dropout=0.0))
     tokens, targets = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))
-    loss_fn = lambda logits, *_: lm_loss(logits, targets)  # noqa: E731
+    loss_fn = lambda logits, *_: lm_loss(logits, targets)
     expected = eager_reference(model, (tokens,), loss_fn)
     optimized = remat_pass.optimize(model, budget=1.0)
     actual = run_step(model, optimized, (tokens,), loss_fn)
@@ -137,7 +137,7 @@ def test_hugging_face_gradient_checkpointing_is_honoured():
     """Was 2.33x of the model as given at budget=0.3 (its checkpoint regions were ignored)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from .zoo_models import HIDDEN, VOCAB, _LogitsOf, _lm_loss, _tokens
+    from .zoo_models import HIDDEN, VOCAB, _lm_loss, _LogitsOf, _tokens
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN, num_hidden_layers=2,

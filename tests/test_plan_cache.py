@@ -50,7 +50,7 @@ def test_same_graph_and_inputs_hit_and_a_changed_budget_misses(tmp_path, caplog)
 
 
 def test_a_fresh_process_with_the_same_cache_hits(tmp_path):
-    _, _, first, _ = _step(str(tmp_path))
+    _step(str(tmp_path))
     script = textwrap.dedent(f"""
         import json, torch
         from torch import nn
