@@ -293,8 +293,9 @@ def _step_start(order: list[fx.Node], step_names: list[str], step: int) -> fx.No
 
 
 def backward_step_names(joint_graph: fx.Graph) -> list[str]:
-    """Names of the joint graph's backward ops in order: ``Problem.backward_steps`` by name."""
-    from .annotate import tangent_dependent
+    """Names of the joint graph's backward ops in order: ``Problem.backward_steps`` by name
+    (annotate's own record of which nodes are backward, ``node.meta["remat"].phase``)."""
+    from .annotate import BACKWARD, META_KEY
 
-    backward = tangent_dependent(joint_graph)
-    return [n.name for n in joint_graph.nodes if n in backward and n.op == "call_function"]
+    return [n.name for n in joint_graph.nodes
+            if n.op == "call_function" and getattr(n.meta.get(META_KEY), "phase", None) == BACKWARD]
