@@ -98,7 +98,10 @@ def test_keep_all_saves_no_more_than_eager_with_zero_dropout():
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=64, seq_len=16, layers=2, hidden=32, heads=2, dropout=0.0))
     tokens, targets = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))
-    loss_fn = lambda logits, *_: lm_loss(logits, targets)
+
+    def loss_fn(logits, *_inputs):
+        return lm_loss(logits, targets)
+
     expected = eager_reference(model, (tokens,), loss_fn)
     optimized = remat_pass.optimize(model, budget=1.0)
     actual = run_step(model, optimized, (tokens,), loss_fn)

@@ -72,7 +72,10 @@ def test_dynamic_shapes_one_plan_for_every_length():
     for length in (16, 24, 12):
         tokens = torch.randint(0, 64, (2, length))
         targets = torch.randint(0, 64, (2, length))
-        loss = lambda logits, *_, targets=targets: lm_loss(logits, targets)
+
+        def loss(logits, *_inputs, targets=targets):
+            return lm_loss(logits, targets)
+
         expected = eager_reference(model, (tokens,), loss)
         actual = run_step(model, optimized, (tokens,), loss)
         assert_same_step(actual, expected)
