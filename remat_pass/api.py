@@ -245,10 +245,11 @@ def _warn_graph_breaks(budget: object, pieces: int) -> None:
 
 
 def _with_fullgraph_hint(error: CaptureError, fullgraph: bool) -> CaptureError:
-    if not fullgraph:
-        return error
-    return CaptureError(f"{error}\nTo plan each piece between graph breaks instead, pass "
-                        "optimize(..., fullgraph=False).")
+    """The capture error (its ``diagnosis`` kept), plus the way round a graph break ``optimize`` has."""
+    if fullgraph and error.args:
+        error.args = (f"{error.args[0]}\nTo plan each piece between graph breaks instead, pass "
+                      "optimize(..., fullgraph=False).", *error.args[1:])
+    return error
 
 
 def optimize(
