@@ -238,7 +238,7 @@ def _solve(problem: Problem, options: PlanOptions, budget: ResolvedBudget) -> Pl
     info = solvers.SOLVER_INFO.get(solver)  # None for a planner put in SOLVERS by hand (tests)
     if info is not None and info.bounds is not None:  # the planners that search for a budget take a time limit
         extra.setdefault("time_limit", options.time_limit)
-    if budget.kind is BudgetKind.PEAK and _as_given_fits(problem, solver, budget):
+    if budget.kind is BudgetKind.PEAK and not options.offload and _as_given_fits(problem, solver, budget):
         plan = _no_more_than_as_given(problem, options.solver, extra, budget)
     elif budget.kind is BudgetKind.PEAK:
         try:
@@ -266,7 +266,7 @@ def _as_given_fits(problem: Problem, solver: str, budget: ResolvedBudget) -> boo
     search finds it) and for the budgeted solvers (a baseline solver is asked for by name).
     """
     return (budget.as_given is not None and budget.budget_bytes >= budget.reference_bytes
-            and solver in ("ilp_peak", "ilp", "fast") and has_checkpoint_regions(problem))
+            and solvers.SOLVER_INFO[solver].bounds is not None and has_checkpoint_regions(problem))
 
 
 def _no_more_than_as_given(problem: Problem, solver: str, extra: dict[str, Any], budget: ResolvedBudget) -> Plan:
