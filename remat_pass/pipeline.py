@@ -235,8 +235,7 @@ def _solve(problem: Problem, options: PlanOptions, budget: ResolvedBudget) -> Pl
     elif solver in ("ilp", "fast") and budget.kind is BudgetKind.PEAK:
         extra["cap_solver"] = solver  # the peak search solves saved-bytes caps with this solver
         solver = "ilp_peak"
-    info = solvers.SOLVER_INFO.get(solver)  # None for a planner put in SOLVERS by hand (tests)
-    if info is not None and info.bounds is not None:  # the planners that search for a budget take a time limit
+    if _bounds_budget(solver):  # the planners that search for a budget take a time limit
         extra.setdefault("time_limit", options.time_limit)
     if budget.kind is BudgetKind.PEAK and not options.offload and _as_given_fits(problem, solver, budget):
         plan = _no_more_than_as_given(problem, options.solver, extra, budget)
@@ -259,6 +258,13 @@ def _solve(problem: Problem, options: PlanOptions, budget: ResolvedBudget) -> Pl
     return Planned(plan, budget)
 
 
+def _bounds_budget(solver: str) -> bool:
+    """Whether the registry says this planner searches for a budget (a planner registered in
+    ``SOLVERS`` alone, as tests do, has no metadata: it does not)."""
+    info = solvers.SOLVER_INFO.get(solver)
+    return info is not None and info.bounds is not None
+
+
 def _as_given_fits(problem: Problem, solver: str, budget: ResolvedBudget) -> bool:
     """A peak budget the model's own checkpointing already meets: plan within what it saves.
 
@@ -266,7 +272,7 @@ def _as_given_fits(problem: Problem, solver: str, budget: ResolvedBudget) -> boo
     search finds it) and for the budgeted solvers (a baseline solver is asked for by name).
     """
     return (budget.as_given is not None and budget.budget_bytes >= budget.reference_bytes
-            and solvers.SOLVER_INFO[solver].bounds is not None and has_checkpoint_regions(problem))
+            and _bounds_budget(solver) and has_checkpoint_regions(problem))
 
 
 def _no_more_than_as_given(problem: Problem, solver: str, extra: dict[str, Any], budget: ResolvedBudget) -> Plan:
