@@ -49,15 +49,24 @@ class Rounding:
     ``up`` (conservative): storages up, budget down, so fitting the model means fitting the
     real budget. Not ``up`` (optimistic): the other way, so every real plan fits the model and
     its optimum is a lower bound. With ``exact`` the two coincide.
+
+    ``split``: exact bytes with small coefficients. Each size is ``quantum * units + rest``; an
+    integer ``t`` counts the paid units, and the budget row ``quantum * t + sum(rest * g) <= budget``
+    has coefficients at most ``quantum``: exact to the byte, yet as well scaled as the unit model.
     """
 
     quantum: int
     storage_bytes: Mapping[int, int]
     up: bool = True
+    split: bool = False
 
     @property
     def exact(self) -> bool:
-        return all(b % self.quantum == 0 for b in self.storage_bytes.values())
+        return self.split or all(b % self.quantum == 0 for b in self.storage_bytes.values())
+
+    def split_exact(self) -> "Rounding":
+        """The exact, well-scaled model at this unit (see ``split``)."""
+        return Rounding(quantum=self.quantum, storage_bytes=self.storage_bytes, up=False, split=True)
 
     @property
     def well_scaled(self) -> bool:
@@ -170,6 +179,8 @@ class Model:
     keep: Mapping[int, pulp.LpVariable]
     recompute: Mapping[int, pulp.LpVariable]
     paid: Mapping[int, pulp.LpVariable]
+    paid_units: pulp.LpVariable | None = None  # ``t`` of a split rounding
+    units_of: Mapping[int, int] | None = None  # the units ``t`` counts per paid storage
 
 
 def build(problem: Problem, rounding: Rounding, budget_bytes: int | None, weights: Weights | None) -> Model:
@@ -177,7 +188,9 @@ def build(problem: Problem, rounding: Rounding, budget_bytes: int | None, weight
     lp = pulp.LpProblem("remat", pulp.LpMinimize)
     model = _variables(problem, lp, rounding)
     _add_rows(problem, model)
-    if budget_bytes is not None:
+    if budget_bytes is not None and rounding.split:
+        model = _split_budget_row(model, rounding, budget_bytes)
+    elif budget_bytes is not None:
         lp += pulp.lpSum(rounding.units(s) * g for s, g in model.paid.items()) <= rounding.budget_units(
             budget_bytes), "budget"
     if weights is None:
@@ -186,6 +199,18 @@ def build(problem: Problem, rounding: Rounding, budget_bytes: int | None, weight
         lp += pulp.lpSum(weights.cost[v] * r for v, r in model.recompute.items()) + pulp.lpSum(
             weights.storage[s] * g for s, g in model.paid.items())
     return model
+
+
+def _split_budget_row(model: Model, rounding: Rounding, budget_bytes: int) -> Model:
+    lp, q = model.lp, rounding.quantum
+    most = sum(rounding.units(s) for s in model.paid)
+    units = (lp.add_variable("t", 0, most, cat=pulp.LpInteger) if hasattr(lp, "add_variable")
+             else pulp.LpVariable("t", lowBound=0, upBound=most, cat=pulp.LpInteger))
+    lp += units == pulp.lpSum(rounding.units(s) * g for s, g in model.paid.items()), "units"
+    rest = {s: rounding.storage_bytes[s] - q * rounding.units(s) for s in model.paid}
+    lp += q * units + pulp.lpSum(rest[s] * g for s, g in model.paid.items()) <= budget_bytes, "budget"
+    return Model(lp=lp, keep=model.keep, recompute=model.recompute, paid=model.paid, paid_units=units,
+                 units_of={s: rounding.units(s) for s in model.paid})
 
 
 def _variables(problem: Problem, lp: pulp.LpProblem, rounding: Rounding) -> Model:
@@ -239,12 +264,16 @@ def start_values(model: Model, plan: Plan) -> dict[str, float]:
     start = {var.name: float(v in plan.kept) for v, var in model.keep.items()}
     start.update({var.name: float(v in plan.recomputed) for v, var in model.recompute.items()})
     start.update({var.name: float(s in storages) for s, var in model.paid.items()})
+    if model.paid_units is not None and model.units_of is not None:
+        start[model.paid_units.name] = float(sum(model.units_of[s] for s in storages if s in model.units_of))
     return start
 
 
 def fits(rounding: Rounding, plan: Plan, budget_bytes: int) -> bool:
     """Whether ``plan`` satisfies the model's (rounded) budget row."""
     storages = {plan.problem.values[i].storage for i in plan.kept}
+    if rounding.split:
+        return sum(rounding.storage_bytes.get(s, 0) for s in storages) <= budget_bytes
     return sum(rounding.units(s) for s in storages) <= rounding.budget_units(budget_bytes)
 
 

@@ -11,9 +11,11 @@ counted in units: the sizes' gcd when that needs few units (the model is then ex
 proof is the proof), else a coarse unit. With a coarse unit, storages rounded up and the budget
 down (conservative) give plans that surely fit; the same model rounded the other way
 (optimistic) is a relaxation whose bound proves optimality for the real budget, and whose plan
-is taken when it fits in exact integers. A model in exact bytes (byte-sized coefficients) may
-still find a better plan, run where it can be stopped, but never certifies one. A gap left open
-means "feasible" with that gap, or "time_limit" when the time limit cut a run short.
+is taken when it fits in exact integers; finer units follow while still well scaled. Last, the
+split model (``Rounding.split``: a count of units plus each size's remainder) is exact to the
+byte with coefficients no bigger than the unit, so it can certify what byte-sized coefficients
+never could. A gap left open means "feasible" with that gap, or "time_limit" when the time
+limit cut a run short.
 """
 
 from __future__ import annotations
@@ -140,9 +142,8 @@ def solve_ilp(
             proof.run(finer)
             if not finer.exact:
                 proof.run(finer.optimistic())
-        exact = rounding_for(problem, exact=True)
-        if not proof.closed and not exact.well_scaled:
-            proof.run(exact)  # byte-sized coefficients: may find a plan, proves nothing
+        if not proof.closed and not rounding_for(problem, exact=True).well_scaled:
+            proof.run(rounding.split_exact())  # exact to the byte in well-scaled coefficients
     if proof.bound is None:
         proof.lp_bound(rounding if rounding.exact else rounding.optimistic())
     status, gap = proof.verdict()

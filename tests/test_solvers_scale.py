@@ -309,8 +309,10 @@ def test_r2_an_exact_optimum_a_few_bytes_over_is_no_proof(name: str, backend: st
     else:
         assert plan.gap is not None and plan.gap >= (plan.recompute_seconds - 0.006) / plan.recompute_seconds - 1e-9
     # The optimum (o0 + b1, or b1 + o1: exactly the budget) is 14 bytes in 2e10 from o0 + o1 (2 ms):
-    # no well-scaled rounding tells them apart, and no believed bound can prove 6 ms, so the
-    # ILP may honestly end "feasible" here.
+    # no rounding to units tells them apart; the split model (units plus remainders, exact to the
+    # byte with small coefficients) proves it.
+    if name == "ilp":
+        assert (plan.recompute_seconds, plan.status) == (pytest.approx(0.006), "optimal")
 
 
 def test_r3_cbc_is_not_believed_on_byte_sized_coefficients() -> None:
