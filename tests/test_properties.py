@@ -278,7 +278,9 @@ def _check_any_plan(model, inputs, loss_fn, choice):
     share, extra, seed = choice
     torch._dynamo.reset()
     expected = eager_reference(model, inputs, loss_fn)
-    with mock.patch.dict(solvers.SOLVERS, {"random_test": _random_planner(share, extra, seed)}):
+    info = solvers.SolverInfo("random_test", "a random valid plan", exact=False, bounds=None)
+    with mock.patch.dict(solvers.SOLVERS, {"random_test": _random_planner(share, extra, seed)}), \
+            mock.patch.dict(solvers.SOLVER_INFO, {"random_test": info}):
         optimized = remat_pass.optimize(model, budget=1.0, solver="random_test")
         actual = run_step(model, optimized, inputs, loss_fn)
     event(extra)
