@@ -328,11 +328,12 @@ class _Search:
             self._add(outcome.plan)
         margin, cuts = 0, set()
         weights = weights_for(problem)
+        reserve = self._left() / 2  # the cap search and its rounds get the rest
         for round_index in range(rounds):
-            if self._left() <= 0.1:
+            if self._left() <= max(reserve, 0.1):
                 break
-            outcome = solve_once(problem, None, rounding=rounding, weights=weights, time_limit=self._left(),
-                                 backend=self.backend, threads=self.threads,
+            outcome = solve_once(problem, None, rounding=rounding, weights=weights,
+                                 time_limit=max(self._left() - reserve, 0.1), backend=self.backend, threads=self.threads,
                                  extension=PeakRows(problem, self.budget, rounding, margin, tuple(sorted(
                                      cuts, key=lambda c: (c.step, c.storage, c.literals))), transients=True))
             if outcome.plan is None:
