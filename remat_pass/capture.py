@@ -122,10 +122,11 @@ def make_dynamo_backend(handler: JointGraphHandler, inner: str = "eager") -> Cal
     return aot_autograd(fw_compiler=_boxed_eager, bw_compiler=_boxed_eager, partition_fn=_partition_fn(handler))
 
 
-def capture(model: torch.nn.Module, example_inputs: Sequence[Any]) -> list[JointGraph]:
+def capture(model: torch.nn.Module, example_inputs: Sequence[Any],
+            example_kwargs: Mapping[str, Any] | None = None) -> list[JointGraph]:
     """Trace one training forward of ``model`` and return its joint graphs, one per piece.
 
-    Runs the forward once on ``example_inputs`` (needed by dynamo), with the RNG state and the
+    Runs ``model(*example_inputs, **example_kwargs)`` once (needed by dynamo), with the RNG state and the
     module's buffers restored afterwards, and partitions nothing away: the graphs come back
     whole, for inspection, annotation and planning without training.
     """
@@ -139,8 +140,8 @@ def capture(model: torch.nn.Module, example_inputs: Sequence[Any]) -> list[Joint
 
     compiled = torch.compile(model, backend=make_dynamo_backend(record), dynamic=False)
     try:
-        with untouched(model, example_inputs), torch.enable_grad():
-            compiled(*example_inputs)
+        with untouched(model, (example_inputs, example_kwargs)), torch.enable_grad():
+            compiled(*example_inputs, **(example_kwargs or {}))
     except torch._dynamo.exc.TorchDynamoException as error:
         raise capture_failure(error) from error
     if not graphs:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -37,6 +37,7 @@ from remat_pass.solvers.problem import Plan
 from .budget import parse_budget
 from .compat import fake_tensor_mode, is_fake
 from .costs import DeviceProfile
+from .inputs import call_inputs
 from .offload import check_offload_options, parse_host_budget
 from .pipeline import (
     DEFAULT_BUDGET,
@@ -44,7 +45,6 @@ from .pipeline import (
     BudgetKind,
     LossFn,
     PlanOptions,
-    as_inputs,
     plan_problem,
     resolve_budget_kind,
     trace_step,
@@ -76,6 +76,7 @@ def plan(
     depth: int | None = None,
     offload: bool = False,
     host_budget: object = None,
+    example_kwargs: Mapping[str, Any] | None = None,
     **solver_options: Any,
 ) -> Plan:
     """Decide what ``model``'s training step keeps and recomputes under ``budget``; run nothing.
@@ -84,15 +85,16 @@ def plan(
     ``budget_kind``). ``device`` picks the cost model ("cpu", "a100", "h100", "h200"), ``solver``
     any name in ``solvers.SOLVERS`` ("fast" scales to deep models; "ilp" is exact but slow there).
     Parameters, buffers and inputs on the meta device are traced as fake tensors, nothing is
-    allocated; real tensors run one forward on their device. ``loss_fn(output, *inputs)`` makes
-    the loss part of the planned step. ``verbose`` prints the report (``PlanReport.text``) per module at ``depth``.
+    allocated; real tensors run one forward on their device. ``example_inputs`` as for
+    ``optimize``: a tuple, one tensor, or a dict of keyword inputs (a Hugging Face batch), plus
+    ``example_kwargs``. ``loss_fn(output, *args, **kwargs)`` makes the loss part of the planned step. ``verbose`` prints the report (``PlanReport.text``) per module at ``depth``.
     ``offload=True`` also lets saved values go to host memory (``optimize``'s option).
 
     Raises BudgetInfeasibleError (with the smallest feasible budget) when nothing fits.
     """
     report_ = plan_with_report(model, example_inputs, budget, device=device, solver=solver, budget_kind=budget_kind,
                                loss_fn=loss_fn, time_limit=time_limit, offload=offload, host_budget=host_budget,
-                               **solver_options)
+                               example_kwargs=example_kwargs, **solver_options)
     if verbose:
         print(report_.render(depth=depth))
     return report_.plan
@@ -110,6 +112,7 @@ def plan_with_report(
     time_limit: float = DEFAULT_TIME_LIMIT,
     offload: bool = False,
     host_budget: object = None,
+    example_kwargs: Mapping[str, Any] | None = None,
     **solver_options: Any,
 ) -> PlanReport:
     """``plan`` plus the step's FLOPs and forward time: a ``PlanReport`` at the blocks' depth."""
@@ -117,10 +120,12 @@ def plan_with_report(
     parsed = parse_budget(budget)
     resolve_budget_kind(parsed, budget_kind)  # reject a bad kind before tracing
     check_offload_options(offload, device, solver)
-    with traceable(model, as_inputs(example_inputs)) as inputs:
+    call = call_inputs(example_inputs, example_kwargs)
+    with traceable(model, call.flat()) as flat:
         # Always through trace_step's loss wrapper: module paths then read as the model names them,
         # even when the model's forward is itself wrapped (Hugging Face decorators).
-        traced = trace_step(model, inputs, loss_fn=loss_fn or _output, device=device)
+        args, kwargs = flat[:len(call.args)], dict(zip(call.kwargs, flat[len(call.args):]))
+        traced = trace_step(model, args, loss_fn=loss_fn or _output, device=device, example_kwargs=kwargs)
     options = PlanOptions(parsed, solver, device, time_limit, budget_kind, dict(solver_options), offload=offload,
                           host_budget_bytes=parse_host_budget(host_budget))
     made = plan_problem(traced.problem, options).plan
@@ -128,7 +133,7 @@ def plan_with_report(
                       depth=block_depth(made.problem))
 
 
-def _output(output: Any, *_inputs: Any) -> Any:
+def _output(output: Any, *_inputs: Any, **_kwargs: Any) -> Any:
     return output
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -20,6 +20,7 @@ from remat_pass.solvers.problem import Problem
 from .annotate import META_KEY, AnnotatedGraph, annotate
 from .capture import capture
 from .costs import DeviceProfile
+from .inputs import call_inputs
 
 LossFn = Callable[..., torch.Tensor]
 _WRAPPED = "model"  # attribute under which _WithLoss holds the user's model
@@ -56,8 +57,8 @@ class _WithLoss(nn.Module):
         setattr(self, _WRAPPED, model)
         self.loss_fn = loss_fn
 
-    def forward(self, *inputs: Any) -> torch.Tensor:
-        return self.loss_fn(getattr(self, _WRAPPED)(*inputs), *inputs)
+    def forward(self, *inputs: Any, **kwargs: Any) -> torch.Tensor:
+        return self.loss_fn(getattr(self, _WRAPPED)(*inputs, **kwargs), *inputs, **kwargs)
 
 
 def as_inputs(example_inputs: Any) -> tuple[Any, ...]:
@@ -70,17 +71,21 @@ def trace_step(
     example_inputs: Any,
     loss_fn: LossFn | None = None,
     device: str | DeviceProfile = "cpu",
+    *,
+    example_kwargs: Mapping[str, Any] | None = None,
 ) -> TracedStep:
     """Capture and annotate one training step of ``model``; nothing is trained or modified.
 
-    ``loss_fn(output, *example_inputs)``, when given, becomes part of the traced step; its
-    values are planned too and belong to no module (``""``).
+    Inputs as ``optimize`` takes them (``inputs.call_inputs``): a tuple of positional inputs,
+    one tensor, or a dict of keyword inputs, plus ``example_kwargs``. ``loss_fn(output, *args,
+    **kwargs)``, when given, becomes part of the traced step; its values are planned too and
+    belong to no module (``""``).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"expected an nn.Module, got {type(model).__name__}")
-    inputs = as_inputs(example_inputs)
+    call = call_inputs(example_inputs, example_kwargs)
     target = model if loss_fn is None else _WithLoss(model, loss_fn)
-    annotated = [annotate(joint, device) for joint in capture(target, inputs)]
+    annotated = [annotate(joint, device) for joint in capture(target, call.args, call.kwargs)]
     step_flops = sum(
         node.meta[META_KEY].flops for a in annotated for node in a.joint.module.graph.nodes if META_KEY in node.meta
     )

@@ -154,3 +154,60 @@ def test_wrong_keyword_is_the_model_s_own_error():
     optimized = remat_pass.optimize(TakesADict(), budget=1.0)
     with pytest.raises(Exception, match="unexpected keyword|got an unexpected|not in"):
         optimized(batch={"x": torch.randn(3, 4)}, extra=1)
+
+
+# --- remat_pass.plan with keyword inputs --------------------------------------------------------------
+
+
+def _llama_config():
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                       bos_token_id=0, eos_token_id=1, pad_token_id=None)
+
+
+def test_plan_a_batch_dict_on_the_meta_device_and_the_mixed_form_agrees():
+    with torch.device("meta"):
+        model = KeywordModel()
+        ids = torch.zeros(2, 6, dtype=torch.long)
+        batch = {"input_ids": ids, "attention_mask": torch.ones(2, 6), "labels": ids}
+    planned = remat_pass.plan(model, batch, budget=0.5, device="cpu", solver="ilp")
+    assert 0 < planned.kept_bytes <= 0.5 * planned.keep_all_bytes
+    assert next(model.parameters()).device.type == "meta"  # nothing was materialized
+    mixed = remat_pass.plan(model, (ids,), budget=0.5, device="cpu", solver="ilp",
+                            example_kwargs={"attention_mask": batch["attention_mask"], "labels": ids})
+    assert (mixed.keep_all_bytes, mixed.kept_bytes) == (planned.keep_all_bytes, planned.kept_bytes)
+
+
+@pytest.mark.slow
+def test_plan_a_hugging_face_batch_dict_on_the_meta_device():
+    """The issue's case: ``plan(model, batch_dict)`` failed inside ``embedding()`` (the dict was
+    one positional input)."""
+    from transformers import LlamaForCausalLM
+
+    with torch.device("meta"):
+        model = LlamaForCausalLM(_llama_config())
+        ids = torch.zeros(2, 12, dtype=torch.long)
+        batch = {"input_ids": ids, "attention_mask": torch.ones(2, 12, dtype=torch.long), "labels": ids}
+    planned = remat_pass.plan(model, batch, budget=0.5)
+    assert 0 < planned.kept_bytes <= 0.5 * planned.keep_all_bytes
+    assert next(model.parameters()).device.type == "meta"
+
+
+def test_plan_with_keywords_predicts_what_optimize_keeps():
+    model, batch = KeywordModel(), _batch()
+    planned = remat_pass.plan(model, batch, budget=1.0, device="cpu", solver="ilp")
+    optimized = remat_pass.optimize(model, budget=1.0, example_inputs=batch)
+    assert planned.keep_all_bytes == optimized.plan.keep_all_bytes
+
+
+def test_explain_and_sweep_take_a_batch_dict_too():
+    from remat_pass.explain import explain
+
+    model, batch = KeywordModel(), _batch()
+    report = explain(model, batch, budget=0.5)
+    assert report.plan.kept_bytes <= 0.5 * report.plan.keep_all_bytes
+    curve = remat_pass.sweep(model, batch, budgets=(1.0, 0.5), baselines=())
+    assert [point.budget for point in curve.points] == [0.5, 1.0]
+    assert curve.points[-1].kept_bytes == report.plan.keep_all_bytes
