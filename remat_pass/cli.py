@@ -17,7 +17,7 @@ import contextlib
 import json
 import os
 import sys
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 PROG = "remat-pass"
 
@@ -122,7 +122,7 @@ def _add_explain_parser(subparsers: Any) -> None:
         "--budget and print per nn.Module: bytes kept, bytes recomputed, estimated recompute cost and a "
         "policy label (none / selective / full / offload).",
         epilog="FACTORY is a function in FILE.py returning (model, example_inputs) or (model, example_inputs, "
-        "loss_fn); example_inputs is a tuple or one tensor; loss_fn(output, *example_inputs) is traced with "
+        "loss_fn); example_inputs is a tuple, one tensor or a dict of keyword inputs; loss_fn(output, *example_inputs) is traced with "
         "the model. Exit status: 0 planned, 1 planning failed (e.g. an infeasible budget), 2 bad arguments.")
     sub.add_argument("target", metavar="FILE.py:FACTORY", help="the file and the factory function in it")
     sub.add_argument("--budget", default="0.5",
@@ -145,7 +145,7 @@ def _add_explain_parser(subparsers: Any) -> None:
     sub.set_defaults(handler=_run_explain, usage_error=sub.error)
 
 
-def _load_factory(target: str) -> tuple[Any, tuple[Any, ...], Any]:
+def _load_factory(target: str) -> tuple[Any, tuple[Any, ...] | dict[str, Any], Any]:
     """Import FILE.py, call FACTORY(), check what it returned; _UsageError on anything wrong."""
     import importlib.util
     from pathlib import Path
@@ -187,9 +187,11 @@ def _load_factory(target: str) -> tuple[Any, tuple[Any, ...], Any]:
     if not isinstance(model, torch.nn.Module):
         raise _UsageError(f"{name}() must return {shape}; its model is a {type(model).__name__}, not an nn.Module")
     inputs = (inputs,) if isinstance(inputs, torch.Tensor) else inputs
+    if isinstance(inputs, Mapping):  # keyword inputs (a Hugging Face batch): trace_step takes them as such
+        return model, dict(inputs), loss_fn
     if not isinstance(inputs, (tuple, list)):
         raise _UsageError(f"{name}() must return {shape}; example_inputs is a {type(inputs).__name__}, "
-                          "not a tuple or a tensor")
+                          "not a tuple, a tensor or a dict")
     if loss_fn is not None and not callable(loss_fn):
         raise _UsageError(f"{name}() must return {shape}; loss_fn is a {type(loss_fn).__name__}, not callable")
     return model, tuple(inputs), loss_fn

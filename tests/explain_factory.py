@@ -72,3 +72,20 @@ def not_a_model():
 
 def wrong_arity():
     return (TwoBlockMLP(),)
+
+
+class KeywordMLP(nn.Module):
+    """forward(x, scale=None): called with keyword inputs, like a Hugging Face model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = TwoBlockMLP()
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor | None = None) -> torch.Tensor:
+        return self.body(x if scale is None else x * scale)
+
+
+def factory_keywords():
+    """(model, a dict of keyword inputs): a Hugging Face-style batch."""
+    torch.manual_seed(0)
+    return KeywordMLP(), {"x": torch.randn(BATCH, WIDTH), "scale": torch.full((1,), 2.0)}

@@ -211,3 +211,15 @@ def test_explain_and_sweep_take_a_batch_dict_too():
     curve = remat_pass.sweep(model, batch, budgets=(1.0, 0.5), baselines=())
     assert [point.budget for point in curve.points] == [0.5, 1.0]
     assert curve.points[-1].kept_bytes == report.plan.keep_all_bytes
+
+
+def test_cli_factory_may_return_a_batch_dict(capsys, monkeypatch):
+    import json
+    from pathlib import Path
+
+    from remat_pass.cli import main
+
+    monkeypatch.chdir(Path(__file__).parents[1])
+    assert main(["explain", "tests/explain_factory.py:factory_keywords", "--budget", "0.5", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert 0 < data["kept_bytes"] <= 0.5 * data["keep_all_bytes"]
