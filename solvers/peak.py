@@ -189,9 +189,6 @@ def solve_peak(
     if cap_solver == "ilp_offload":  # its MIP rarely closes its gap: give each cap a share, not all
         search.cap_seconds = time_limit / 8
     search.candidates += [_Candidate(p, simulate_plan(problem, p)) for p in baselines.heuristic_plans(problem)]
-    if cap_solver == "ilp_offload":  # offloading is a choice, never a loss: recompute-only plans compete
-        search.candidates += _recompute_only_candidates(problem, budget_bytes, keep_all_memory, began + time_limit / 2,
-                                                        search.backend, threads)
     bound: float | None = None
     if cap_solver == "ilp":
         bound = search.with_step_rows(CUT_ROUNDS)
@@ -213,16 +210,6 @@ def solve_peak(
     if gap is not None and gap <= PROVEN_GAP:
         return _finish(best.plan, best.memory, Status.OPTIMAL, 0.0)
     return _finish(best.plan, best.memory, Status.FEASIBLE, gap)
-
-
-def _recompute_only_candidates(problem: Problem, budget_bytes: int, keep_all_memory: PlanMemory, deadline: float,
-                               backend: str, threads: int | None) -> list[_Candidate]:
-    """The keep/recompute search's plans (step rows, then the saved-bytes cap), until ``deadline``."""
-    plain = _Search(problem, budget_bytes, backend, deadline, threads, "ilp")
-    plain.with_step_rows(CUT_ROUNDS)
-    if plain._left() > 0.1:
-        plain.over_saved_cap(keep_all_memory)
-    return plain.candidates
 
 
 class _Search:
