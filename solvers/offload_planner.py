@@ -245,7 +245,7 @@ def solve_offload(
         return Decision.of(plan, plan.status, plan.gap, host_budget_bytes=host_budget_bytes)
     engine = resolve_backend(backend)
     weights = weights_for(problem)
-    start = _recompute_only_start(problem, budget_bytes, time_limit / 4, engine, threads)
+    start = _recompute_only_start(problem, budget_bytes, time_limit / 2, engine, threads)
     rounding = rounding_for(problem)
     for rounding in (rounding, rounding_for(problem, exact=True)) if not rounding.exact else (rounding,):
         rows = OffloadRows(problem, candidates, rounding.quantum, host_budget_bytes, weights.unit_seconds,
