@@ -311,7 +311,7 @@ def test_r2_an_exact_optimum_a_few_bytes_over_is_no_proof(name: str, backend: st
     # The optimum (o0 + b1, or b1 + o1: exactly the budget) is 14 bytes in 2e10 from o0 + o1 (2 ms):
     # no rounding to units tells them apart; the split model (units plus remainders, exact to the
     # byte with small coefficients) proves it.
-    if name == "ilp":
+    if name == "ilp" and backend == "highs":  # CBC's split-model proofs are not believed
         assert (plan.recompute_seconds, plan.status) == (pytest.approx(0.006), "optimal")
 
 
