@@ -269,8 +269,16 @@ def solve_offload(
     plan = outcome.plan
     if not outcome.fits:
         raise SolverError(f"ilp_offload plan keeps {plan.kept_bytes} bytes, over the budget of {budget_bytes}; a bug")
-    # Optimal for the model's conservative link bound; with lossy byte rounding, only feasible.
-    if outcome.status == "optimal" and rounding.exact:
+    # Never worse than recompute alone at this budget: a search stopped by its time limit can
+    # leave an incumbent that offloads more and costs more than its own start.
+    if start is not None and start.kept_bytes <= budget_bytes and (
+            start.predicted_extra_seconds < plan.predicted_extra_seconds):
+        logger.info("ilp_offload: the recompute-only plan (%.6g s) beats the offload incumbent (%.6g s); keeping it",
+                    start.predicted_extra_seconds, plan.predicted_extra_seconds)
+        return Decision.of(start, Status.FEASIBLE, None, host_budget_bytes=host_budget_bytes)
+    # Optimal only when the run is certified (solve_once: a believed proof, in budget) on the
+    # byte-exact model, for the model's conservative link bound; otherwise feasible or stopped.
+    if outcome.certified and rounding.exact:
         status, gap = Status.OPTIMAL, 0.0
     elif outcome.status == "optimal":
         status, gap = Status.FEASIBLE, None
