@@ -35,7 +35,7 @@ from ._model import Model, build, plan_from, rounding_for, time_weights, weights
 from ._run import solve_once
 from .errors import BudgetInfeasibleError
 from .memory import PlanMemory, _backward_events, backward_steps_of, simulate_plan
-from .peak_rows import PeakRows, cuts_at
+from .peak_rows import PeakRows, cuts_at, read_spans
 from .problem import Plan, Problem
 from .registry import Decision, planner
 from .status import DEFAULT_TIME_LIMIT, BudgetKind, Status, relative_gap
@@ -58,17 +58,6 @@ class _Candidate:
     memory: PlanMemory
 
 
-def _reads_span(problem: Problem) -> tuple[dict[int, int], dict[int, int]]:
-    """First and last backward step that reads each value directly."""
-    first: dict[int, int] = {}
-    last: dict[int, int] = {}
-    for index, step in enumerate(backward_steps_of(problem)):
-        for v in step.reads:
-            first.setdefault(v, index)
-            last[v] = index
-    return first, last
-
-
 class _PeakModel:
     """The saved-bytes model plus the peak rows added so far."""
 
@@ -79,7 +68,7 @@ class _PeakModel:
         self.model: Model = build(problem, self.rounding, cap, weights_for(problem))
         self.peak_budget = peak_budget
         self.pinned_bytes = pinned_bytes
-        self.first_read, self.last_read = _reads_span(problem)
+        self.first_read, self.last_read = read_spans(problem)
         self.rows = 0
         self.heuristic_rows = 0  # rows that may cut off a fitting plan: no optimality claim then
 
@@ -385,7 +374,7 @@ class _Search:
 
 def _row_holds(problem: Problem, plan: Plan, step: int, budget_bytes: int, pinned: int) -> bool:
     """Whether the valid row at ``step`` is already satisfied by ``plan`` (so it cannot help)."""
-    first, last = _reads_span(problem)
+    first, last = read_spans(problem)
     values = problem.values
     storages = set()
     for v in plan.kept:
