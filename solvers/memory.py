@@ -247,3 +247,14 @@ def simulate_plan(problem: Problem, plan: Plan) -> PlanMemory:
     else:
         phase, index, peak = "forward", forward_live.index(forward_peak) if forward_live else 0, forward_peak
     return PlanMemory(peak, phase, index, tuple(forward_live), tuple(backward_live))
+
+
+def read_spans(problem: Problem) -> tuple[dict[int, int], dict[int, int]]:
+    """First and last backward step that reads each value directly."""
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for index, step in enumerate(backward_steps_of(problem)):
+        for v in step.reads:
+            first.setdefault(v, index)
+            last[v] = index
+    return first, last

@@ -37,7 +37,7 @@ import bisect
 from dataclasses import dataclass
 
 from ._graph import effectively_recomputable, relevant_values
-from .memory import _backward_events, _forward_computed, backward_steps_of
+from .memory import _backward_events, _forward_computed, backward_steps_of, read_spans
 from .problem import TAG_MUTATION, TAG_VIEW, Plan, Problem
 
 
@@ -88,10 +88,7 @@ def storage_creators(problem: Problem) -> dict[int, int]:
 def _earliest_need_steps(problem: Problem) -> dict[int, int]:
     """Per value, the earliest backward step that could read it, directly or through values
     recomputed from it (any plan): a conservative deadline for its fetch."""
-    first_read: dict[int, int] = {}
-    for index, step in enumerate(backward_steps_of(problem)):
-        for v in step.reads:
-            first_read.setdefault(v, index)
+    first_read, _ = read_spans(problem)
     recomputable = effectively_recomputable(problem)
     users = problem.users
     earliest: dict[int, int] = {}
@@ -119,10 +116,7 @@ def offload_candidates(problem: Problem) -> dict[int, Candidate]:
     ends, forward_total = forward_times(problem)
     step_starts = backward_step_starts(problem)
     need = _earliest_need_steps(problem)
-    first_read: dict[int, int] = {}
-    for index, step in enumerate(backward_steps_of(problem)):
-        for v in step.reads:
-            first_read.setdefault(v, index)
+    first_read, _ = read_spans(problem)
     recomputable = effectively_recomputable(problem)
     users = problem.users
     relevant = relevant_values(problem)

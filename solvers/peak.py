@@ -34,8 +34,8 @@ from ._mip import fraction, resolve_backend, run_mip
 from ._model import Model, build, plan_from, rounding_for, time_weights, weights_for
 from ._run import solve_once
 from .errors import BudgetInfeasibleError
-from .memory import PlanMemory, _backward_events, backward_steps_of, simulate_plan
-from .peak_rows import PeakRows, cuts_at, read_spans
+from .memory import PlanMemory, _backward_events, backward_steps_of, read_spans, simulate_plan
+from .peak_rows import PeakRows, cuts_at
 from .problem import Plan, Problem
 from .registry import Decision, planner
 from .status import DEFAULT_TIME_LIMIT, BudgetKind, Status, relative_gap

@@ -31,7 +31,7 @@ import pulp
 
 from ._mip import MipResult, fraction
 from ._model import Model, Rounding, plan_from
-from .memory import backward_steps_of
+from .memory import backward_steps_of, read_spans
 from .problem import Plan, Problem
 
 
@@ -42,17 +42,6 @@ class _Interval:
     start: int
     end: int
     working: int
-
-
-def read_spans(problem: Problem) -> tuple[dict[int, int], dict[int, int]]:
-    """First and last backward step that reads each value directly."""
-    first: dict[int, int] = {}
-    last: dict[int, int] = {}
-    for index, step in enumerate(backward_steps_of(problem)):
-        for v in step.reads:
-            first.setdefault(v, index)
-            last[v] = index
-    return first, last
 
 
 def _intervals(problem: Problem, first: dict[int, int], last: dict[int, int]) -> list[_Interval]:
