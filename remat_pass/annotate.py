@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import operator
-import re
 from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
@@ -37,11 +36,14 @@ from remat_pass.solvers.problem import (
     Value,
 )
 
+from .attention_core import tag_attention_core
+from .attribution import fill_module_attribution, module_path
 from .capture import JointGraph
 from .eager_parity import checkpoint_tags, derived_in_backward, drop_identity_copies
 from .collectives import collective_seconds, is_collective
 from .compat import concrete_int as _concrete  # symbolic sizes: torch internals live in compat
 from .compat import is_symbolic as _is_symbolic
+from .dropout_replay import dropout_replay_sources, order_dropout_masks
 from .costs import DeviceProfile, get_profile
 
 logger = logging.getLogger(__name__)
@@ -97,7 +99,7 @@ def annotate(joint: JointGraph, device: str | DeviceProfile = "cpu", *, free_inp
     """
     profile = get_profile(device)
     graph = joint.module.graph
-    _order_dropout_masks(graph)
+    order_dropout_masks(graph)
     drop_identity_copies(graph)
     charged = set() if free_inputs else _activation_inputs(joint)
     backward_nodes = tangent_dependent(graph)
@@ -116,8 +118,8 @@ def annotate(joint: JointGraph, device: str | DeviceProfile = "cpu", *, free_inp
         value_nodes.append(node)
 
     _pin_readers_of_mutated_inputs(graph, values, value_nodes)
-    _fill_module_attribution(values, value_nodes)
-    _tag_attention_core(values)
+    fill_module_attribution(values, value_nodes)
+    tag_attention_core(values, ignored_storages={NO_STORAGE})
     backward_reads = _backward_reads(graph, joint.num_fwd_outputs, backward_nodes, ids)
     outputs = _graph_outputs(graph)
     problem = Problem(
@@ -387,41 +389,6 @@ def _real_norm_stat_bytes(node: fx.Node, val: torch.Tensor) -> int | None:
     return _concrete(val.numel()) * torch.finfo(torch.float32).bits // 8
 
 
-def _dropout_getitems(dropout: fx.Node) -> dict[int, fx.Node]:
-    return {user.args[1]: user for user in dropout.users if user.target is operator.getitem}
-
-
-def dropout_replay_sources(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
-    """(input, mask) if ``node`` is a dropout output that can be rebuilt bit-exactly from them.
-
-    aten's CPU dropout computes ``input * mask * scale``; redoing those two multiplications
-    with the kept boolean mask gives the same bits for fp32/fp64 (checked in the tests), so
-    the 4-byte output need not be kept when the 1-byte mask is. CUDA kernels and low
-    precision round differently: there the output is kept instead.
-    """
-    if node.target is not operator.getitem or node.args[1] != 0:
-        return None
-    dropout = node.args[0]
-    if not isinstance(dropout, fx.Node) or dropout.target is not torch.ops.aten.native_dropout.default:
-        return None
-    val = node.meta.get("val")
-    if not isinstance(val, torch.Tensor) or val.device.type != "cpu" or val.dtype not in (torch.float32, torch.float64):
-        return None
-    mask = _dropout_getitems(dropout).get(1)
-    source = dropout.args[0]
-    if mask is None or not isinstance(source, fx.Node) or len(dropout.args) < 3 or dropout.args[2] is not True:
-        return None
-    return source, mask
-
-
-def _order_dropout_masks(graph: fx.Graph) -> None:
-    """Put each dropout's mask right after the dropout, so it precedes the output in topological order."""
-    for dropout in graph.find_nodes(op="call_function", target=torch.ops.aten.native_dropout.default):
-        mask = _dropout_getitems(dropout).get(1)
-        if mask is not None:
-            dropout.append(mask)
-
-
 def _op_tags(node: fx.Node) -> Iterable[str]:
     target = node.target
     if not isinstance(target, torch._ops.OpOverload):
@@ -468,26 +435,6 @@ def _op_name(node: fx.Node) -> str:
     if isinstance(target, torch._ops.OpOverload):
         return f"{target.overloadpacket.__name__}.{target._overloadname}"
     return getattr(target, "__name__", str(target))
-
-
-_MODULE_PATH_PARTS = re.compile(r"\._modules\[['\"]([^'\"]+)['\"]\]|\[['\"]([^'\"]+)['\"]\]|\[(\d+)\]")
-
-
-def module_path(node: fx.Node) -> str:
-    """Dotted path of the innermost nn.Module that produced ``node`` ("blocks.0.attn").
-
-    A node AOTAutograd made while tracing backward (a ``t`` or ``detach`` of an activation
-    that backward reads, the ``3 * x**2`` of a ``pow``'s derivative) has no
-    ``nn_module_stack`` but a ``fwd_nn_module_stack``: the module whose forward op it
-    differentiates, which is where it belongs. "" when neither is recorded.
-    """
-    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack")
-    if not stack:
-        return ""
-    raw = list(stack.values())[-1][0]
-    raw = re.sub(r"^L\[['\"]\w+['\"]\]\.?", "", raw)  # the root module, whatever its local name
-    path = _MODULE_PATH_PARTS.sub(lambda m: "." + next(g for g in m.groups() if g is not None), raw)
-    return path.strip(".").replace("..", ".")
 
 
 def _aliases_inputs(node: fx.Node, val: Any) -> bool:
@@ -566,99 +513,6 @@ def _pin_readers_of_mutated_inputs(graph: fx.Graph, values: list[Value], nodes: 
     for index, node in enumerate(nodes):
         if values[index].recomputable and mutated.intersection(node.all_input_nodes):
             values[index] = replace(values[index], recomputable=False)
-
-
-def _fill_module_attribution(values: list[Value], nodes: list[fx.Node]) -> None:
-    """Give every computed value whose node says nothing about its module one: its producers'
-    module, else its consumers'.
-
-    Passes after Dynamo (decompositions, the joint trace) can add nodes with no module stack
-    and no source location at all. Left empty, such a value belongs to no block, so
-    ``per_block`` keeps it, block detection misses it and ``per_module`` shows it nowhere. It
-    inherits the module of its first computed input that has one (in topological order, so
-    chains of such nodes inherit too), else of its first reader that has one. Code that runs
-    in the root module's own forward (a loss computed there) has a source location and keeps
-    "" (it is in no submodule); available values (inputs, parameters) stay "".
-    """
-    users: list[list[int]] = [[] for _ in values]
-    for value in values:
-        for source in value.inputs:
-            users[source].append(value.id)
-    unattributed = [
-        not value.module and not value.available and not _has_attribution(node)
-        for value, node in zip(values, nodes)
-    ]
-    for index, value in enumerate(values):
-        if unattributed[index]:
-            found = next((values[u].module for u in value.inputs if values[u].module and not values[u].available), "")
-            values[index] = replace(value, module=found)
-    for index in reversed(range(len(values))):
-        if unattributed[index] and not values[index].module:
-            found = next((values[u].module for u in users[index] if values[u].module), "")
-            values[index] = replace(values[index], module=found)
-
-
-def _has_attribution(node: fx.Node) -> bool:
-    """Whether tracing recorded where ``node`` comes from (a module stack or a source location)."""
-    keys = ("nn_module_stack", "fwd_nn_module_stack", "source_fn_stack", "fwd_source_fn_stack", "stack_trace")
-    return any(node.meta.get(key) for key in keys)
-
-
-# --- graph-level tags -------------------------------------------------------------------------
-
-
-def _is_activation_matmul(value: Value, values: list[Value], storage_bytes_zero: set[int]) -> bool:
-    """A matmul of two activations (Q·Kᵀ, P·V), not of an activation and a weight."""
-    if TAG_MATMUL not in value.tags or len(value.inputs) < 2:
-        return False
-    return all(values[i].storage not in storage_bytes_zero for i in value.inputs)
-
-
-def _tag_attention_core(values: list[Value]) -> None:
-    """Tag the values between two activation-by-activation matmuls: the attention core.
-
-    From each such matmul, walk forward through non-matmul values; if another activation
-    matmul is reached, everything on the way (scale, mask, softmax, dropout) is core, as in
-    Megatron-LM's selective recompute.
-    """
-    available_storages = {v.storage for v in values if v.available} | {NO_STORAGE}
-    users: list[list[int]] = [[] for _ in values]
-    for value in values:
-        for source in value.inputs:
-            users[source].append(value.id)
-    core: set[int] = set()
-    for start in values:
-        if not _is_activation_matmul(start, values, available_storages):
-            continue
-        reached, frontier = {start.id}, [start.id]
-        while frontier:
-            current = frontier.pop()
-            for user in users[current]:
-                if user not in reached:
-                    reached.add(user)
-                    if TAG_MATMUL not in values[user].tags:
-                        frontier.append(user)
-        for end in reached - {start.id}:
-            if _is_activation_matmul(values[end], values, available_storages):
-                core |= {start.id, end} | _ancestors_within(values, end, reached)
-    for i in core:
-        values[i] = _with_tag(values[i], TAG_ATTENTION_CORE)
-
-
-def _ancestors_within(values: list[Value], end: int, region: set[int]) -> set[int]:
-    found, frontier = set(), [end]
-    while frontier:
-        for source in values[frontier.pop()].inputs:
-            if source in region and source not in found:
-                found.add(source)
-                frontier.append(source)
-    return found
-
-
-def _with_tag(value: Value, tag: str) -> Value:
-    from dataclasses import replace
-
-    return replace(value, tags=value.tags | {tag})
 
 
 def _store_meta(graph: fx.Graph, backward_nodes: set[fx.Node], ids: dict[fx.Node, int], problem: Problem) -> None:

@@ -30,7 +30,7 @@ from remat_pass import solvers
 from remat_pass.solvers.problem import Plan
 
 from .budget import Budget, parse_budget
-from .annotate import module_path
+from .attribution import module_path
 from .capture import INNER_COMPILERS, JointGraph, make_dynamo_backend
 from .costs import DeviceProfile
 from .offload import check_offload_options, parse_host_budget

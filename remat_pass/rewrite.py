@@ -20,7 +20,8 @@ from torch import fx
 from remat_pass.solvers.problem import Plan
 
 from . import offload
-from .annotate import AnnotatedGraph, dropout_replay_sources
+from .annotate import AnnotatedGraph
+from .dropout_replay import dropout_replay_sources
 from .compat import extract_fwd_bwd_modules, is_symbolic
 from .errors import RematError
 
