@@ -6,7 +6,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from remat_pass.examples import GPT, GPTConfig
+from remat_pass.examples import GPT, GPTConfig, lm_loss
 
 
 class MLP(nn.Module):
@@ -72,6 +72,17 @@ class InPlace(nn.Module):
         y = self.fc2(h)
         y.sigmoid_()
         return y * h
+
+
+class GPTWithLoss(nn.Module):
+    """The loss inside the module: the whole step is one captured graph."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.gpt = GPT(config)
+
+    def forward(self, tokens, targets):
+        return lm_loss(self.gpt(tokens), targets)
 
 
 def tiny_gpt_config() -> GPTConfig:

@@ -14,7 +14,7 @@ import remat_pass
 from remat_pass import solvers
 from remat_pass.annotate import annotate
 from remat_pass.capture import capture
-from remat_pass.examples import GPT, GPTConfig, lm_loss
+from remat_pass.examples import GPTConfig
 from remat_pass.offload import (
     HOST_META,
     OffloadUnavailableError,
@@ -24,16 +24,8 @@ from remat_pass.offload import (
 from remat_pass.rewrite import rewrite
 from remat_pass.simulate import simulate
 
+from .models import GPTWithLoss
 from .helpers import eager_reference, run_step
-
-
-class GPTWithLoss(nn.Module):
-    def __init__(self, config: GPTConfig) -> None:
-        super().__init__()
-        self.gpt = GPT(config)
-
-    def forward(self, tokens, targets):
-        return lm_loss(self.gpt(tokens), targets)
 
 
 class ViewsAndInPlace(nn.Module):

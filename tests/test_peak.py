@@ -11,24 +11,14 @@ from remat_pass import solvers
 from remat_pass import BudgetInfeasibleError
 from remat_pass.annotate import annotate
 from remat_pass.capture import capture
-from remat_pass.examples import GPT, GPTConfig, lm_loss
+from remat_pass.examples import GPTConfig
 from remat_pass.measure import peak_activation_bytes
 from remat_pass.rewrite import rewrite
 from remat_pass.simulate import simulate
 from remat_pass.solvers.memory import simulate_plan
 
+from .models import GPTWithLoss
 from .helpers import assert_same_step, eager_reference, run_step
-
-
-class GPTWithLoss(nn.Module):
-    """The loss inside the module: the whole step is one captured graph."""
-
-    def __init__(self, config: GPTConfig) -> None:
-        super().__init__()
-        self.gpt = GPT(config)
-
-    def forward(self, tokens, targets):
-        return lm_loss(self.gpt(tokens), targets)
 
 
 def _case(seed: int = 0):
