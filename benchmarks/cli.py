@@ -114,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--compile-backend",
                         help="torch.compile backend (default: aot_eager_decomp_partition on CPU, "
                         "inductor on CUDA)")
+    parser.add_argument("--remat-costs", default="auto",
+                        help="remat_pass's cost model for the remat rows (optimize's device=): auto (default: "
+                        "the device the step runs on), cpu, a100, h100, h200, or flops (recomputed FLOPs "
+                        "alone, like torch's knapsack)")
     parser.add_argument("--device", choices=["cpu", "cuda"])
     parser.add_argument("--dtype", choices=["fp32", "bf16"])
     parser.add_argument("--warmup", type=int, help="untimed steps before timing, the first included")
@@ -196,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
         device=device, dtype=dtype, seed=args.seed,
         warmup=args.warmup if args.warmup is not None else preset["warmup"],
         repeats=args.repeats if args.repeats is not None else preset["repeats"],
-        compile_backend=backend,
+        compile_backend=backend, remat_costs=args.remat_costs,
     )
     specs = _specs(args, preset)
     strategies, remat_missing = _strategies(args, preset)
@@ -206,7 +210,7 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
         "preset": args.preset, "torch": torch.__version__, "python": platform.python_version(),
         "device": device, "device_name": torch.cuda.get_device_name() if device == "cuda" else _cpu_name(),
         "dtype": dtype, "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
-        "compile_backend": backend, "warmup": cfg.warmup, "repeats": cfg.repeats, "seed": cfg.seed,
+        "compile_backend": backend, "remat_costs": args.remat_costs, "warmup": cfg.warmup, "repeats": cfg.repeats, "seed": cfg.seed,
         "models": [s.to_dict() for s in specs], "strategies": [s.label for s in strategies],
         "remat_unavailable": remat_missing, "started": datetime.datetime.now().isoformat(timespec="seconds"),
     }

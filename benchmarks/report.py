@@ -76,7 +76,8 @@ def write_markdown(rows: list[Row], meta: dict, path: Path) -> None:
         f"Command: `{meta.get('command', '')}`", "",
         f"torch {meta.get('torch')}, device {meta.get('device')} ({meta.get('device_name', '')}), "
         f"dtype {meta.get('dtype')}, {meta.get('threads')} threads, compile backend "
-        f"{meta.get('compile_backend')}, {meta.get('repeats')} timed steps after {meta.get('warmup')} warm-up.",
+        f"{meta.get('compile_backend')}, remat cost model {meta.get('remat_costs', 'cpu')}, "
+        f"{meta.get('repeats')} timed steps after {meta.get('warmup')} warm-up.",
         "",
         "**peak act**: allocator-level peak of live bytes during forward+backward, above what was "
         "live before the step, not counting the parameter gradients the step leaves behind. "

@@ -30,6 +30,7 @@ class RunConfig:
     warmup: int = 1
     repeats: int = 3
     compile_backend: str = "aot_eager_decomp_partition"
+    remat_costs: str = "auto"  # remat_pass's cost profile (optimize's device=) for remat rows
     deadline: float | None = None  # time.monotonic() after which no new row starts
 
     @property
@@ -174,7 +175,7 @@ def run_model(
 ) -> list[Row]:
     """Measure every strategy on ``spec``. "none" runs first: it is the reference for the rest."""
     work = build(spec, seed=cfg.seed, device=cfg.device, dtype=cfg.torch_dtype)
-    options = Options(compile_backend=cfg.compile_backend)
+    options = Options(compile_backend=cfg.compile_backend, remat_costs=cfg.remat_costs)
     ordered = _run_order(strategies)
     rows: list[Row] = []
     ref: _Reference | None = None

@@ -125,6 +125,7 @@ class Prepared:
 @dataclass(frozen=True)
 class Options:
     compile_backend: str = "aot_eager_decomp_partition"
+    remat_costs: str = "auto"  # optimize(device=...): "auto", "cpu", "h100", ..., "flops"
 
 
 def prepare(strategy: Strategy, work: Workload, options: Options = Options()) -> Prepared:
@@ -328,6 +329,8 @@ def _remat(strategy: Strategy, work: Workload, model: nn.Module, options: Option
         elif strategy.solver != "saved":  # without budget_kind, budgets bound the saved bytes
             raise TypeError(f"{strategy.label}: this remat_pass.optimize takes no budget_kind")
     start = time.perf_counter()
+    if options.remat_costs != "auto":
+        kwargs["device"] = options.remat_costs
     optimized = optimize(model, budget=strategy.budget, example_inputs=tuple(work.inputs), **kwargs)
     setup = time.perf_counter() - start
     return Prepared(

@@ -44,7 +44,7 @@ from .collectives import collective_seconds, is_collective
 from .compat import concrete_int as _concrete  # symbolic sizes: torch internals live in compat
 from .compat import is_symbolic as _is_symbolic
 from .dropout_replay import dropout_replay_sources, order_dropout_masks
-from .costs import DeviceProfile, get_profile
+from .costs import AUTO, DeviceProfile, get_profile
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class AnnotatedGraph:
         return graph
 
 
-def annotate(joint: JointGraph, device: str | DeviceProfile = "cpu", *, free_inputs: bool = True) -> AnnotatedGraph:
+def annotate(joint: JointGraph, device: str | DeviceProfile = AUTO, *, free_inputs: bool = True) -> AnnotatedGraph:
     """Annotate every node of ``joint`` in place (``meta["remat"]``) and build the Problem.
 
     Parameters and buffers are always available at no cost. ``free_inputs`` says the same of
@@ -97,8 +97,8 @@ def annotate(joint: JointGraph, device: str | DeviceProfile = "cpu", *, free_inp
     before — saving one of them for backward keeps it alive, so it is charged like any kept
     value (it can be kept, never recomputed: its producer is in another graph).
     """
-    profile = get_profile(device)
     graph = joint.module.graph
+    profile = get_profile(device, tensors_on=_step_device(graph))
     order_dropout_masks(graph)
     drop_identity_copies(graph)
     charged = set() if free_inputs else _activation_inputs(joint)
@@ -296,6 +296,15 @@ def _outer_argument_is_activation(desc: Any, static: set[int]) -> bool:
     if kind == "PlainAOTInput":
         return desc.idx not in static
     return False  # RNG seeds and offsets, effect tokens: not activations
+
+
+def _step_device(graph: fx.Graph) -> torch.device | None:
+    """The device of the step's first tensor input (what ``device="auto"`` prices for)."""
+    for node in graph.find_nodes(op="placeholder"):
+        value = node.meta.get("val")
+        if isinstance(value, torch.Tensor):
+            return value.device
+    return None
 
 
 def _make_value(

@@ -30,7 +30,7 @@ from remat_pass.solvers.problem import Plan
 from .budget import parse_budget
 from .capture import capture_failure
 from .compat import recompile_limit, recompile_limit_errors
-from .costs import DeviceProfile
+from .costs import DeviceProfile, model_profile
 from .distributed import reject_wrapped_model
 from .dynamo_backend import RematBackend
 from .errors import CaptureError, RematError
@@ -273,7 +273,7 @@ def optimize(
     example_kwargs: Mapping[str, Any] | None = None,
     inner: str = "eager",
     solver: str = "ilp",
-    device: str | DeviceProfile = "cpu",
+    device: str | DeviceProfile = "auto",
     time_limit: float = 60.0,
     budget_kind: str = "auto",
     offload: bool = False,
@@ -292,7 +292,9 @@ def optimize(
     first call, or now from ``example_inputs`` (a tuple of positional inputs, one tensor, or a
     dict of keyword inputs such as a Hugging Face batch) and ``example_kwargs`` (keyword inputs
     beside positional ones); the first training call then runs that plan. An impossible budget raises
-    BudgetInfeasibleError with the smallest feasible one. ``device`` picks the cost model.
+    BudgetInfeasibleError with the smallest feasible one. ``device`` picks the cost model: "auto"
+    (the device the step runs on), a name ("cpu", "a100", "h100", "h200"; "flops" minimises
+    recomputed FLOPs alone) or a ``costs.DeviceProfile``.
 
     ``offload=True`` lets the planner also send saved activations to host memory over the
     device's host link where the transfer hides behind compute (``device`` must have one, e.g.
@@ -317,6 +319,7 @@ def optimize(
     if not isinstance(model, nn.Module):
         raise TypeError(f"optimize expects an nn.Module, got {type(model).__name__}")
     reject_wrapped_model(model)
+    device = model_profile(device, model)
     optimized = RematModule(
         model, budget, inner=inner, solver=solver, device=device, time_limit=time_limit,
         budget_kind=budget_kind, offload=offload, host_budget=host_budget, fullgraph=fullgraph, dynamic=dynamic,

@@ -128,7 +128,7 @@ def _add_explain_parser(subparsers: Any) -> None:
     sub.add_argument("--budget", default="0.5",
                      help="fraction of keep-all in (0, 1] or a size such as 2MiB (default 0.5)")
     sub.add_argument("--solver", default="ilp", help=_SOLVER_HELP)
-    sub.add_argument("--device", default="cpu", help="cost model: cpu (default), a100, h100, h200")
+    sub.add_argument("--device", default="auto", help="cost model: auto (default: the device the step runs on), cpu, a100, h100, h200, flops (FLOPs alone)")
     sub.add_argument("--depth", type=_positive_int, default=None,
                      help="sum modules to their first N path parts (2: 'blocks.0'); default: innermost")
     sub.add_argument("--time-limit", type=_positive_float, default=None,

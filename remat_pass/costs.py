@@ -16,14 +16,31 @@ while kernels compete for memory bandwidth: 80% of nominal is used here (20 and 
 Grace-Hopper NVLink-C2C part (~450 GB/s) or a measured number, make a profile with
 ``dataclasses.replace(get_profile("h100"), host_link_bytes_per_second=...)``. The CPU has no
 host link: its host and device memory are the same, offloading saves nothing.
+
+Two names are not devices:
+
+* ``"auto"`` (the default of ``optimize`` and the backend) picks the profile of the device the
+  step's tensors are on: "cpu" on the CPU, the matching GPU profile on CUDA (by the device's name;
+  an unknown GPU gets "h100" and a warning saying how to choose). A plan priced for the wrong
+  device ranks memory-bound ops wrongly: the CPU moves ~7 FLOPs per byte in the time an H100
+  moves ~180.
+* ``"flops"`` prices an op by its FLOPs alone, as ``torch.utils.flop_counter`` counts them and as
+  torch.compile's ``activation_memory_budget`` knapsack does by default (norms, softmax and
+  pointwise ops cost only a tie-breaking launch overhead). It minimises recomputed FLOPs, the
+  deterministic yardstick; it does not model time.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import logging
+
 import torch
 
+logger = logging.getLogger(__name__)
+
+AUTO = "auto"  # the profile of the device the step runs on (resolve_profile)
 
 @dataclass(frozen=True)
 class DeviceProfile:
@@ -54,15 +71,49 @@ DEVICE_PROFILES: dict[str, DeviceProfile] = {
     "a100": DeviceProfile("a100", {"32bit": 19.5e12 * 0.7, "16bit": 312e12 * 0.7}, 2.0e12 * 0.8, 4e-6, 25e9 * 0.8),
     "h100": DeviceProfile("h100", {"32bit": 67e12 * 0.7, "16bit": 989e12 * 0.7}, 3.35e12 * 0.8, 4e-6, 50e9 * 0.8),
     "h200": DeviceProfile("h200", {"32bit": 67e12 * 0.7, "16bit": 989e12 * 0.7}, 4.8e12 * 0.8, 4e-6, 50e9 * 0.8),
+    # FLOPs alone: one "second" is 1e12 FLOPs at any dtype; memory traffic is free; a launch
+    # costs the time of 1000 FLOPs, so that among plans of equal FLOPs the one that recomputes
+    # fewer ops wins, without the tie-break outweighing any real matmul.
+    "flops": DeviceProfile("flops", {"32bit": 1e12, "16bit": 1e12}, float("inf"), 1e-9),
 }
 
+# Substrings of torch.cuda.get_device_name() -> profile, first match wins.
+_GPU_NAMES = (("GH200", "h100"), ("H200", "h200"), ("H100", "h100"), ("A100", "a100"))
 
-def get_profile(device: str | DeviceProfile) -> DeviceProfile:
-    """Look a profile up by name ("cpu", "a100", "h100", "h200"); "cuda" means h100."""
+
+def get_profile(device: str | DeviceProfile, tensors_on: torch.device | None = None) -> DeviceProfile:
+    """Look a profile up by name ("cpu", "a100", "h100", "h200", "flops"); "cuda" means h100;
+    "auto" means the profile of ``tensors_on`` (the device the step's tensors are on)."""
     if isinstance(device, DeviceProfile):
         return device
+    if device == AUTO:
+        return DEVICE_PROFILES[profile_name_for(tensors_on)]
     name = {"cuda": "h100"}.get(device, device)
     try:
         return DEVICE_PROFILES[name]
     except KeyError:
         raise ValueError(f"unknown device profile {device!r}; choose one of {sorted(DEVICE_PROFILES)}") from None
+
+
+def profile_name_for(device: torch.device | None) -> str:
+    """The profile "auto" picks for tensors on ``device`` (None or "meta": the CPU's)."""
+    if device is None or device.type != "cuda":
+        return "cpu"
+    name = torch.cuda.get_device_name(device)
+    for part, profile in _GPU_NAMES:
+        if part in name:
+            return profile
+    logger.warning("no cost profile for GPU %r: planning with h100's; pass device=DeviceProfile(...) "
+                   "(remat_pass.costs) for a better one", name)
+    return "h100"
+
+
+def model_profile(device: str | DeviceProfile, model: torch.nn.Module) -> str | DeviceProfile:
+    """``device`` with "auto" resolved from where ``model``'s parameters live (so that checks
+    that need the device, such as offload's host link, run before anything is traced); "auto"
+    stays for a model without parameters, to be resolved from the step's inputs."""
+    if device != AUTO:
+        return device
+    for tensor in (*model.parameters(), *model.buffers()):
+        return profile_name_for(tensor.device)
+    return device

@@ -76,7 +76,7 @@ class RematBackend:
         *,
         inner: str = "eager",
         solver: str = "ilp",
-        device: str | DeviceProfile = "cpu",
+        device: str | DeviceProfile = "auto",
         time_limit: float = DEFAULT_TIME_LIMIT,
         budget_kind: str = BudgetKind.AUTO,
         on_plan: Callable[[Plan], None] | None = None,

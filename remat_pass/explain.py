@@ -60,7 +60,7 @@ def explain(
     example_inputs: Any,
     budget: object,
     solver: str = "ilp",
-    device: str | DeviceProfile = "cpu",
+    device: str | DeviceProfile = "auto",
     *,
     loss_fn: LossFn | None = None,
     depth: int | None = None,

@@ -104,7 +104,7 @@ fx.node.has_side_effect(torch.ops.remat_pass.wait_copy.default)
 
 def check_offload_options(offload: bool, device: Any, solver: str) -> None:
     """Reject ``offload=True`` where it cannot work (ValueError), before anything is traced."""
-    if not offload:
+    if not offload or device == "auto":  # "auto": checked when planning, once the device is known
         return
     from remat_pass.solvers.offload_planner import require_offload
 

@@ -92,7 +92,7 @@ class PlanOptions:
 
     budget: Budget
     solver: str = "ilp"
-    device: str | DeviceProfile = "cpu"
+    device: str | DeviceProfile = "auto"
     time_limit: float = DEFAULT_TIME_LIMIT
     budget_kind: str = BudgetKind.AUTO
     solver_options: dict[str, Any] = field(default_factory=dict)

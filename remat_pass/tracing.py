@@ -70,7 +70,7 @@ def trace_step(
     model: nn.Module,
     example_inputs: Any,
     loss_fn: LossFn | None = None,
-    device: str | DeviceProfile = "cpu",
+    device: str | DeviceProfile = "auto",
     *,
     example_kwargs: Mapping[str, Any] | None = None,
 ) -> TracedStep:

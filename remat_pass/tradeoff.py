@@ -233,7 +233,7 @@ def sweep(
     example_inputs: Any,
     budgets: Iterable[object] = DEFAULT_BUDGETS,
     solver: str = "ilp",
-    device: str | DeviceProfile = "cpu",
+    device: str | DeviceProfile = "auto",
     loss_fn: LossFn | None = None,
     *,
     baselines: Iterable[str] = BASELINES,

@@ -132,3 +132,26 @@ def test_cost_model_prices_memory_bound_ops(device):
     first, _ = _value(annotated, "mm.")
     assert tanh.recompute_seconds > 0 and first.recompute_seconds > 0
     assert annotated.problem.device == device
+
+
+def test_flops_profile_prices_flops_alone():
+    """"flops": a matmul costs its FLOPs; a pointwise op only the tie-breaking launch."""
+    annotated = _annotated(TwoLayer(), torch.randn(64, 4), device="flops")
+    (tanh,) = _value(annotated, "tanh.")
+    first, _ = _value(annotated, "mm.")
+    assert first.recompute_seconds == pytest.approx(1e-9 + first.flops / 1e12)
+    assert tanh.flops == 0 and tanh.recompute_seconds == pytest.approx(1e-9)
+
+
+def test_auto_profile_is_the_device_the_step_runs_on(monkeypatch):
+    from remat_pass.costs import get_profile, model_profile, profile_name_for
+
+    assert _annotated(TwoLayer(), torch.randn(64, 4), device="auto").problem.device == "cpu"
+    assert model_profile("auto", TwoLayer()) == "cpu" and model_profile("h200", TwoLayer()) == "h200"
+    assert profile_name_for(None) == profile_name_for(torch.device("meta")) == "cpu"
+    for name, expected in [("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100"),
+                           ("NVIDIA GH200 480GB", "h100"), ("NVIDIA A100-SXM4-40GB", "a100"),
+                           ("NVIDIA L4", "h100")]:
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None, name=name: name)
+        assert profile_name_for(torch.device("cuda", 0)) == expected
+        assert get_profile("auto", torch.device("cuda", 0)).name == expected
