@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One device session, as run on the lent H200 (see benchmarks/GPU.md for results):
+#   bash benchmarks/gpu_session.sh OUT_DIR [PRESET_MINUTES]
+# The device machine has its own torch (2.11 was seen) but not PuLP or HiGHS: carry their wheels
+# in .whl/ (benchmarks/README.md says how). The repository is not pip-installed there, so
+# solvers/ is linked in where the installed package puts it (remat_pass.solvers).
+set -o pipefail
+out=${1:-benchmarks/out/gpu_session}
+minutes=${2:-5}
+mkdir -p "$out"
+log="$out/run.log"
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+python3 -c "import remat_pass.solvers" 2>/dev/null || ln -sfn ../solvers remat_pass/solvers
+export PYTHONUNBUFFERED=1
+{
+    date -u
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+    python3 -c "import torch, pulp, highspy; print('torch', torch.__version__, torch.cuda.get_device_name(), 'pulp', pulp.__version__)"
+} 2>&1 | tee "$log"
+# The benchmark preset: rows not started after $minutes are recorded as skipped.
+timeout $((minutes * 60 + 60)) python3 -m benchmarks --preset gpu --time-limit "$minutes" --out "$out/gpu" -v 2>&1 | tee -a "$log"
+timeout 90 python3 -m benchmarks.gpu_offload_check --out "$out" 2>&1 | tee -a "$log"
+if [ -n "$EXTRA_CHECK" ]; then timeout 150 bash -c "$EXTRA_CHECK" 2>&1 | tee -a "$log"; fi
+date -u | tee -a "$log"
