@@ -146,6 +146,14 @@ def fake_tensor_mode(**options: Any) -> Any:
     return FakeTensorMode(**options)
 
 
+def real_tensors() -> Any:
+    """A context in which tensors are real even inside a fake-tensor trace (for probes that must
+    run a kernel, e.g. ``dropout_replay.replay_is_exact``)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    return unset_fake_temporarily()
+
+
 # --- profiler ---------------------------------------------------------------------------------
 
 
@@ -177,6 +185,6 @@ def allocator_events(prof: Any, device_type: str) -> list[tuple[int, int, int]]:
 
 __all__ = [
     "PartitionerBase", "allocator_events", "concrete_int", "extract_fwd_bwd_modules", "fake_tensor_mode",
-    "has_custom_partitioner", "is_fake", "is_symbolic", "recompile_limit", "recompile_limit_errors",
+    "has_custom_partitioner", "is_fake", "is_symbolic", "real_tensors", "recompile_limit", "recompile_limit_errors",
     "use_boxed_codegen",
 ]

@@ -21,7 +21,7 @@ from remat_pass.solvers.problem import Plan
 
 from . import offload
 from .annotate import AnnotatedGraph
-from .dropout_replay import dropout_replay_sources
+from .dropout_replay import dropout_replay_sources, replay_scale
 from .compat import extract_fwd_bwd_modules, is_symbolic
 from .errors import RematError
 
@@ -77,10 +77,10 @@ def _replay_dropouts(graph: fx.Graph, nodes: list[fx.Node], plan: Plan) -> set[s
         if sources is None:
             continue
         source, mask = sources
-        probability = output.args[0].args[1]
-        scale = 1.0 / (1.0 - probability)
-        # aten's ``input.mul(mask).mul_(scale)`` out of place (graphs stay functional): the
-        # product is a transient second tensor, which the memory models account for.
+        scale = replay_scale(output.args[0].args[1])
+        # aten's ``input.mul(mask).mul_(scale)`` out of place (graphs stay functional), as
+        # ``dropout_replay.replay`` checks it: the product is a transient second tensor, which
+        # the memory models account for.
         with graph.inserting_after(output):
             masked = graph.call_function(torch.ops.aten.mul.Tensor, (source, mask))
         with graph.inserting_after(masked):
