@@ -49,7 +49,8 @@ def markdown_table(rows: Iterable[Row]) -> str:
                 what = "activation peak" if row.get("solver") == "peak" else "held bytes"
                 notes = f"budget = {row['matches']}'s {what}; " + notes
             if row.get("cuda_peak_bytes") is not None:
-                notes = f"max_memory_allocated peak {_bytes(row['cuda_peak_bytes'])}; " + notes
+                notes = (f"max_memory_allocated peak {_bytes(row['cuda_peak_bytes'])} (allocator history, "
+                         f"gradients included: {_bytes(row['peak_bytes'])}); " + notes)
             if row.get("plan_predicted_peak_bytes") is not None:
                 notes = f"predicted peak {_bytes(row['plan_predicted_peak_bytes'])}; " + notes
             if row.get("plan_status") is not None:

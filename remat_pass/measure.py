@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, TypeVar
 
 import torch
 
-from .compat import allocator_events
+from .compat import allocator_events, cuda_allocator_events
 
 T = TypeVar("T")
 
@@ -116,7 +116,8 @@ def allocator_peak(
     """Run ``fn`` under the profiler with ``profile_memory`` and replay its allocator events.
 
     ``fn``'s result is dropped before the profiler stops, so ``end`` is what ``fn`` left behind
-    beyond its result. On CPU a free is only reported for a block whose allocation the profiler
+    beyond its result. On CUDA the caching allocator's own history is replayed instead
+    (``compat.cuda_allocator_events``): the profiler misses frees made on autograd's CUDA thread. On CPU a free is only reported for a block whose allocation the profiler
     saw, so blocks live before the call never show: the timeline starts at 0 by construction.
 
     >>> measured = allocator_peak(lambda: torch.empty(1000))
@@ -130,8 +131,12 @@ def allocator_peak(
         del result
         return kept
 
+    where = torch.device(device)
+    if where.type == "cuda":
+        kept, events = cuda_allocator_events(call_and_drop, where)
+        return _replay(events, kept)
     kept, prof = _profiled(call_and_drop)
-    return _replay(allocator_events(prof, torch.device(device).type), kept)
+    return _replay(allocator_events(prof, where.type), kept)
 
 
 def peak_activation_bytes(fn: Callable[[], T], survivors: Callable[[], Iterable[torch.Tensor]] = lambda: ()) -> tuple[T, int]:

@@ -72,3 +72,25 @@ def test_allocator_events_with_one_timestamp_keep_their_order():
         live += size
         peak = max(peak, live)
     assert peak == 100
+
+
+def test_cuda_allocator_history_is_replayed_in_order():
+    """The CUDA path's trace reader (run here on a recorded-shape trace: no GPU on CI): a block
+    counts from its alloc to its completed free; frees of blocks allocated before the call and
+    segment events are ignored."""
+    from remat_pass.compat import _allocator_trace_events
+    from remat_pass.measure import _replay
+
+    trace = [
+        {"action": "segment_alloc", "addr": 0, "size": 2 << 20},
+        {"action": "alloc", "addr": 0, "size": 1024},
+        {"action": "free_completed", "addr": 4096, "size": 512},  # allocated before the call
+        {"action": "alloc", "addr": 1024, "size": 512},
+        {"action": "free_requested", "addr": 0, "size": 1024},
+        {"action": "free_completed", "addr": 0, "size": 1024},
+        {"action": "alloc", "addr": 0, "size": 256},  # the survivor: reuses the first address
+    ]
+    events = _allocator_trace_events(trace)
+    assert events == [(1, 0, 1024), (3, 1024, 512), (5, 0, -1024), (6, 0, 256)]
+    measured = _replay(events, [])
+    assert (measured.peak, measured.end) == (1536, 768)
