@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import torch
 
 from benchmarks import report
-from benchmarks.models import ModelSpec
+from benchmarks.models import HF_KINDS, ModelSpec
 from benchmarks.runner import Row, RunConfig, run_model
 from benchmarks.strategies import Strategy, remat_optimize
 
@@ -73,11 +73,11 @@ PRESETS: dict[str, dict[str, Any]] = {
 _SPEC_FIELDS = ("layers", "hidden", "heads", "seq", "batch", "dropout", "vocab")
 
 
-def _floats(text: str) -> list[float]:
+def float_list(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
 
 
-def _names(text: str) -> list[str]:
+def name_list(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
@@ -93,31 +93,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--preset", choices=sorted(PRESETS), default="smoke",
                         help="sizes, strategies and sweeps to start from (default: smoke)")
-    parser.add_argument("--model", action="append", choices=["gpt", "llama", "resnet"],
+    parser.add_argument("--model", action="append", choices=["gpt", "llama", "resnet", *HF_KINDS],
                         help="run only these model kinds of the preset (repeatable); a kind the "
                         "preset lacks is added at its defaults")
     for name in _SPEC_FIELDS:
         kind = float if name == "dropout" else int
         parser.add_argument(f"--{name}", type=kind, help=f"override the models' {name}")
-    parser.add_argument("--strategies", type=_names,
+    parser.add_argument("--strategies", type=name_list,
                         help="comma-separated strategies; replaces the preset's, which then adds "
                         "only the sweeps given explicitly below")
-    parser.add_argument("--remat-budgets", type=_floats, help="remat@F sweep, e.g. 0.05,0.1,0.3,1.0")
-    parser.add_argument("--remat-match", type=_names,
+    parser.add_argument("--remat-budgets", type=float_list, help="remat@F sweep, e.g. 0.05,0.1,0.3,1.0")
+    parser.add_argument("--remat-match", type=name_list,
                         help="also run remat with a budget of the bytes each of these strategies "
                         "measurably held for backward (e.g. checkpoint_blocks,sac)")
-    parser.add_argument("--remat-peak-match", type=_names,
+    parser.add_argument("--remat-peak-match", type=name_list,
                         help="also run remat with a peak budget of each of these strategies' measured "
                         "activation peak (remat_pass's budget_kind='peak')")
-    parser.add_argument("--compile-budgets", type=_floats, help="compile_budget@F sweep, e.g. 0.1,0.5")
-    parser.add_argument("--compile-solvers", type=_names, help="solvers for the compile_budget sweep")
+    parser.add_argument("--compile-budgets", type=float_list, help="compile_budget@F sweep, e.g. 0.1,0.5")
+    parser.add_argument("--compile-solvers", type=name_list, help="solvers for the compile_budget sweep")
     parser.add_argument("--compile-backend",
                         help="torch.compile backend (default: aot_eager_decomp_partition on CPU, "
                         "inductor on CUDA)")
     parser.add_argument("--remat-costs", default="auto",
                         help="remat_pass's cost model for the remat rows (optimize's device=): auto (default: "
                         "the device the step runs on), cpu, a100, h100, h200, or flops (recomputed FLOPs "
-                        "alone, like torch's knapsack)")
+                        "alone, like torch's knapsack); remat:KIND:COSTS@BUDGET sets it for one row")
+    parser.add_argument("--remat-time-limit", type=float,
+                        help="seconds for each remat plan (optimize's time_limit; default: remat_pass's)")
     parser.add_argument("--device", choices=["cpu", "cuda"])
     parser.add_argument("--dtype", choices=["fp32", "bf16"])
     parser.add_argument("--warmup", type=int, help="untimed steps before timing, the first included")
@@ -140,7 +142,7 @@ def _specs(args: argparse.Namespace, preset: dict[str, Any]) -> list[ModelSpec]:
     out = []
     for spec in specs:
         fields = dict(overrides)
-        if spec.kind != "gpt":
+        if spec.kind != "gpt":  # the others have no dropout
             fields.pop("dropout", None)
         out.append(dataclasses.replace(spec, **fields))
     return out
@@ -200,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
         device=device, dtype=dtype, seed=args.seed,
         warmup=args.warmup if args.warmup is not None else preset["warmup"],
         repeats=args.repeats if args.repeats is not None else preset["repeats"],
-        compile_backend=backend, remat_costs=args.remat_costs,
+        compile_backend=backend, remat_costs=args.remat_costs, remat_time_limit=args.remat_time_limit,
     )
     specs = _specs(args, preset)
     strategies, remat_missing = _strategies(args, preset)

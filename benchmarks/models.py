@@ -7,6 +7,10 @@ checkpointing can replace the list's entries without knowing the model.
 - ``gpt``: ``remat_pass.examples.GPT`` (LayerNorm, GELU, written-out attention, dropout, tied weights).
 - ``llama``: RMSNorm, SwiGLU MLP, rotary embeddings, SDPA causal attention, no dropout, untied head.
 - ``resnet``: a CIFAR-style ResNet of BasicBlocks (conv3x3-BN-ReLU, projection shortcuts).
+- ``hf_gpt2``, ``hf_llama``, ``hf_bert``: held-out Hugging Face models (GPT-2 with eager attention,
+  Llama, BERT masked LM; random weights, no dropout, so every strategy's gradients are comparable).
+  They have no ``blocks`` list: ``checkpoint_blocks`` uses Hugging Face's own per-layer
+  checkpointing. The loss is inside the module (``LossOf``), as a user would capture the step.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 class ModelSpec:
     """Sizes of one benchmark model. Fields a kind does not use are ignored.
 
-    ``kind`` is "gpt", "llama" or "resnet". For "resnet", ``hidden`` is the width of the first
+    ``kind`` is "gpt", "llama", "resnet" or one of ``HF_KINDS``. For "resnet", ``hidden`` is the width of the first
     stage (doubling per stage), ``layers`` the number of BasicBlocks (spread over 4 stages) and
     ``seq`` the image side in pixels.
     """
@@ -217,6 +221,58 @@ class ResNet(nn.Module):
         return self.fc(F.adaptive_avg_pool2d(x, 1).flatten(1))
 
 
+# --- held-out Hugging Face models -----------------------------------------------------------
+
+HF_KINDS = ("hf_gpt2", "hf_llama", "hf_bert")
+
+
+def hf_model(name: str, layers: int, hidden: int, seq: int, vocab: int, heads: int = 4) -> nn.Module:
+    """A randomly initialised Hugging Face model without dropout: "gpt2", "llama" or "bert"."""
+    import transformers
+
+    if name == "gpt2":
+        config = transformers.GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=hidden, n_layer=layers,
+                                         n_head=heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                         bos_token_id=0, eos_token_id=0)
+        config._attn_implementation = "eager"  # softmax as its own op: the large saved values are visible
+        return transformers.GPT2LMHeadModel(config)
+    if name == "llama":
+        config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden,
+                                          num_hidden_layers=layers, num_attention_heads=heads,
+                                          num_key_value_heads=max(heads // 2, 1), max_position_embeddings=seq,
+                                          bos_token_id=0, eos_token_id=1, pad_token_id=None)
+        return transformers.LlamaForCausalLM(config)
+    if name == "bert":
+        config = transformers.BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+                                         num_attention_heads=heads, intermediate_size=4 * hidden,
+                                         max_position_embeddings=seq, pad_token_id=0, hidden_dropout_prob=0.0,
+                                         attention_probs_dropout_prob=0.0)
+        return transformers.BertForMaskedLM(config)
+    raise ValueError(f"unknown Hugging Face model {name!r}; expected gpt2, llama or bert")
+
+
+class LossOf(nn.Module):
+    """input_ids -> the LM loss of a Hugging Face model, so that a captured step is the whole step.
+
+    The targets are a non-persistent buffer: an input of the step like the weights, not counted
+    as an activation.
+    """
+
+    def __init__(self, model: nn.Module, targets: torch.Tensor) -> None:
+        super().__init__()
+        self.model = model
+        self.register_buffer("targets", targets, persistent=False)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        logits = self.model(input_ids=input_ids).logits
+        return F.cross_entropy(logits.flatten(0, -2), self.targets.flatten())
+
+
+def model_loss(loss: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The loss function of a workload whose model already returns its loss."""
+    return loss
+
+
 # --- building -------------------------------------------------------------------------------
 
 
@@ -236,8 +292,10 @@ def build(spec: ModelSpec, seed: int = 0, device: str = "cpu", dtype: torch.dtyp
         model = Llama(spec.vocab, spec.layers, spec.hidden, spec.heads, spec.seq)
     elif spec.kind == "resnet":
         model = ResNet(spec.layers, spec.hidden, spec.classes)
+    elif spec.kind in HF_KINDS:
+        return _build_hf(spec, generator, device, dtype)
     else:
-        raise ValueError(f"unknown model kind {spec.kind!r}; expected gpt, llama or resnet")
+        raise ValueError(f"unknown model kind {spec.kind!r}; expected gpt, llama, resnet or {', '.join(HF_KINDS)}")
 
     if spec.kind == "resnet":
         inputs = torch.randn(spec.batch, 3, spec.seq, spec.seq, generator=generator)
@@ -251,3 +309,13 @@ def build(spec: ModelSpec, seed: int = 0, device: str = "cpu", dtype: torch.dtyp
     inputs = inputs.to(device=device, dtype=dtype if inputs.is_floating_point() else inputs.dtype)
     model.train()
     return Workload(spec, model, (inputs,), target.to(device), loss_fn)
+
+
+def _build_hf(spec: ModelSpec, generator: torch.Generator, device: str, dtype: torch.dtype) -> Workload:
+    if spec.dropout:
+        raise ValueError(f"{spec.kind} is built without dropout; set dropout=0")
+    inner = hf_model(spec.kind.removeprefix("hf_"), spec.layers, spec.hidden, spec.seq, spec.vocab, spec.heads)
+    inputs = torch.randint(0, spec.vocab, (spec.batch, spec.seq), generator=generator)
+    target = torch.randint(0, spec.vocab, (spec.batch, spec.seq), generator=generator)
+    model = LossOf(inner, target).to(device=device, dtype=dtype).train()
+    return Workload(spec, model, (inputs.to(device),), model.targets, model_loss)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import gc
 import logging
 import time
@@ -31,6 +32,7 @@ class RunConfig:
     repeats: int = 3
     compile_backend: str = "aot_eager_decomp_partition"
     remat_costs: str = "auto"  # remat_pass's cost profile (optimize's device=) for remat rows
+    remat_time_limit: float | None = None  # optimize's time_limit= for remat rows; None: its default
     deadline: float | None = None  # time.monotonic() after which no new row starts
 
     @property
@@ -160,10 +162,10 @@ def _resolve(strategy: Strategy, rows: list[Row], ref: _Reference) -> tuple[Stra
         if row["strategy"] == target and row.get("status") == "ok":
             if strategy.solver == "peak":
                 # The measured activation peak of the whole step (the loss's temporaries included).
-                return Strategy(strategy.family, int(row["peak_act_bytes"]), "peak"), target
+                return dataclasses.replace(strategy, budget=int(row["peak_act_bytes"])), target
             # Allocator-level bytes held for backward, less the loss's share (outside the model).
             model_bytes = max(int(row["held_bytes"]) - ref.loss_held_bytes, 1)
-            return Strategy(strategy.family, model_bytes, "saved"), target
+            return dataclasses.replace(strategy, budget=model_bytes, solver="saved"), target
     raise LookupError(f"no successful {target!r} row to match")
 
 
@@ -175,7 +177,8 @@ def run_model(
 ) -> list[Row]:
     """Measure every strategy on ``spec``. "none" runs first: it is the reference for the rest."""
     work = build(spec, seed=cfg.seed, device=cfg.device, dtype=cfg.torch_dtype)
-    options = Options(compile_backend=cfg.compile_backend, remat_costs=cfg.remat_costs)
+    options = Options(compile_backend=cfg.compile_backend, remat_costs=cfg.remat_costs,
+                      remat_time_limit=cfg.remat_time_limit)
     ordered = _run_order(strategies)
     rows: list[Row] = []
     ref: _Reference | None = None

@@ -4,7 +4,7 @@ A strategy is named by a string (``Strategy.parse``):
 
 - ``none``: eager, everything autograd wants is saved.
 - ``checkpoint_blocks``: ``checkpoint(block, x, use_reentrant=False)`` around every block (what
-  Hugging Face's ``gradient_checkpointing_enable`` does).
+  Hugging Face's ``gradient_checkpointing_enable`` does; on a Hugging Face model, that itself).
 - ``checkpoint_sequential``: ``checkpoint_sequential`` over the blocks with round(sqrt(n)) segments
   (Chen et al.'s sqrt(n) schedule; torch leaves the last segment uncheckpointed).
 - ``sac``: selective activation checkpointing around every block: save matmul, convolution and SDPA
@@ -16,6 +16,8 @@ A strategy is named by a string (``Strategy.parse``):
   or an int number of bytes. ``remat:saved@F`` / ``remat:peak@F`` pass ``budget_kind``.
   ``remat@match:NAME`` (kind "saved") is resolved by the runner into the bytes strategy NAME
   measurably held for backward, ``remat:peak@match:NAME`` into NAME's measured activation peak.
+  A third part names remat_pass's cost profile for that row (``optimize(device=...)``), e.g.
+  ``remat:peak:flops@match:NAME`` or ``remat::cpu@0.3``; without it the run's ``--remat-costs``.
 """
 
 from __future__ import annotations
@@ -48,16 +50,21 @@ class Strategy:
 
     ``solver`` is the knapsack solver for compile_budget and the budget kind ("saved", "peak")
     for remat, where None leaves remat_pass's default (a float bounds saved bytes, an int the peak).
+    ``costs`` (remat only) is the cost profile for this row; None leaves the run's.
     """
 
     family: str
     budget: float | int | str | None = None
     solver: str | None = None
+    costs: str | None = None
 
     @classmethod
     def parse(cls, text: str) -> "Strategy":
         name, _, budget_text = text.partition("@")
-        family, _, solver = name.partition(":")
+        family, _, qualifiers = name.partition(":")
+        solver, _, costs = qualifiers.partition(":")
+        if costs and family != "remat":
+            raise ValueError(f"{text!r}: only remat takes a cost profile (remat:KIND:COSTS@BUDGET)")
         if family not in FAMILIES:
             raise ValueError(f"unknown strategy {text!r}; families are {', '.join(FAMILIES)}")
         budget: float | int | str | None = None
@@ -85,11 +92,12 @@ class Strategy:
                 raise ValueError(f"{text!r}: remat's budget kind must be one of {', '.join(REMAT_KINDS)}")
         elif solver:
             raise ValueError(f"{text!r}: only compile_budget (solver) and remat (budget kind) take a ':'")
-        return cls(family, budget, solver or None)
+        return cls(family, budget, solver or None, costs or None)
 
     @property
     def label(self) -> str:
-        name = f"{self.family}:{self.solver}" if self.solver else self.family
+        name = f"{self.family}:{self.solver or ''}:{self.costs}" if self.costs else (
+            f"{self.family}:{self.solver}" if self.solver else self.family)
         return name if self.budget is None else f"{name}@{self.budget}"
 
 
@@ -126,6 +134,7 @@ class Prepared:
 class Options:
     compile_backend: str = "aot_eager_decomp_partition"
     remat_costs: str = "auto"  # optimize(device=...): "auto", "cpu", "h100", ..., "flops"
+    remat_time_limit: float | None = None  # optimize(time_limit=...); None leaves remat_pass's default
 
 
 def prepare(strategy: Strategy, work: Workload, options: Options = Options()) -> Prepared:
@@ -170,7 +179,22 @@ def _blocks(model: nn.Module) -> nn.ModuleList:
     return blocks
 
 
+def _hf_checkpointable(model: nn.Module) -> nn.Module | None:
+    """The outermost Hugging Face model inside ``model`` that can checkpoint its own layers."""
+    for module in model.modules():
+        if getattr(module, "supports_gradient_checkpointing", False) and hasattr(
+                module, "activation_checkpointing_enable"):
+            return module
+    return None
+
+
 def _checkpoint_blocks(strategy: Strategy, work: Workload, model: nn.Module, options: Options) -> Prepared:
+    hf = _hf_checkpointable(model) if not hasattr(model, "blocks") else None
+    if hf is not None:
+        # Hugging Face's layers take keyword arguments (masks, rotary tables): its own wrapper
+        # checkpoints each one as torch.utils.checkpoint would.
+        hf.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        return Prepared(_loss(work, model), model, [], notes=["Hugging Face activation_checkpointing_enable"])
     blocks = _blocks(model)
     for i, block in enumerate(list(blocks)):
         blocks[i] = _Checkpointed(block)
@@ -329,8 +353,11 @@ def _remat(strategy: Strategy, work: Workload, model: nn.Module, options: Option
         elif strategy.solver != "saved":  # without budget_kind, budgets bound the saved bytes
             raise TypeError(f"{strategy.label}: this remat_pass.optimize takes no budget_kind")
     start = time.perf_counter()
-    if options.remat_costs != "auto":
-        kwargs["device"] = options.remat_costs
+    costs = strategy.costs or options.remat_costs
+    if costs != "auto":
+        kwargs["device"] = costs
+    if options.remat_time_limit is not None:
+        kwargs["time_limit"] = options.remat_time_limit
     optimized = optimize(model, budget=strategy.budget, example_inputs=tuple(work.inputs), **kwargs)
     setup = time.perf_counter() - start
     return Prepared(

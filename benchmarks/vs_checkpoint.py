@@ -24,44 +24,12 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 import remat_pass
 from remat_pass.measure import peak_activation_bytes
 
 from .metrics import dispatch_flops, executed_flops
-
-
-
-def hf_model(name: str, layers: int, hidden: int, seq: int, vocab: int) -> nn.Module:
-    import transformers
-
-    if name == "gpt2":
-        config = transformers.GPT2Config(vocab_size=vocab, n_positions=seq, n_embd=hidden, n_layer=layers, n_head=4,
-                                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0,
-                                         eos_token_id=0)
-        config._attn_implementation = "eager"
-        return transformers.GPT2LMHeadModel(config)
-    if name == "llama":
-        config = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden,
-                                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                                          max_position_embeddings=seq, bos_token_id=0, eos_token_id=1,
-                                          pad_token_id=None)
-        return transformers.LlamaForCausalLM(config)
-    config = transformers.BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
-                                     num_attention_heads=4, intermediate_size=4 * hidden, max_position_embeddings=seq,
-                                     pad_token_id=0, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    return transformers.BertForMaskedLM(config)
-
-
-class LossOf(nn.Module):
-    def __init__(self, model: nn.Module, targets: torch.Tensor) -> None:
-        super().__init__()
-        self.model, self.targets = model, targets
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        logits = self.model(input_ids=input_ids).logits
-        return F.cross_entropy(logits.flatten(0, -2), self.targets.flatten())
+from .models import LossOf, hf_model
 
 
 def _step(module: nn.Module, model: LossOf, tokens: torch.Tensor) -> dict[str, Any]:
