@@ -44,7 +44,8 @@ from .collectives import collective_seconds, is_collective
 from .compat import concrete_int as _concrete  # symbolic sizes: torch internals live in compat
 from .compat import is_symbolic as _is_symbolic
 from .dropout_replay import dropout_replay_sources, order_dropout_masks
-from .costs import AUTO, DeviceProfile, get_profile
+from .costs import AUTO, CostModel, DeviceProfile, parse_costs, pricing_profiles
+from .op_timing import measured_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -88,22 +89,25 @@ class AnnotatedGraph:
         return graph
 
 
-def annotate(joint: JointGraph, device: str | DeviceProfile = AUTO, *, free_inputs: bool = True) -> AnnotatedGraph:
+def annotate(joint: JointGraph, device: str | DeviceProfile = AUTO, *, free_inputs: bool = True,
+             costs: str = CostModel.ROOFLINE) -> AnnotatedGraph:
     """Annotate every node of ``joint`` in place (``meta["remat"]``) and build the Problem.
 
     Parameters and buffers are always available at no cost. ``free_inputs`` says the same of
     the graph's other inputs: true for a whole training step (its inputs are the user's, alive
     anyway); false for a piece after a graph break, whose inputs are activations of the piece
     before — saving one of them for backward keeps it alive, so it is charged like any kept
-    value (it can be kept, never recomputed: its producer is in another graph).
+    value (it can be kept, never recomputed: its producer is in another graph). ``costs`` prices
+    ops (``costs.CostModel``: the roofline, FLOPs alone, or times measured by ``op_timing``).
     """
     graph = joint.module.graph
-    profile = get_profile(device, tensors_on=_step_device(graph))
+    where, profile = pricing_profiles(device, costs, tensors_on=_step_device(graph))
     order_dropout_masks(graph)
     drop_identity_copies(graph)
     charged = set() if free_inputs else _activation_inputs(joint)
     backward_nodes = tangent_dependent(graph)
     backward_nodes |= derived_in_backward(graph, backward_nodes, joint.num_fwd_outputs)
+    measured = measured_seconds(graph, joint.step_inputs, backward_nodes) if parse_costs(costs) == "measure" else {}
     storages = _StorageTable()
     values: list[Value] = []
     value_nodes: list[fx.Node] = []
@@ -113,6 +117,7 @@ def annotate(joint: JointGraph, device: str | DeviceProfile = AUTO, *, free_inpu
         if node.op == "output" or node in backward_nodes:
             continue
         value = _make_value(node, len(values), ids, storages, profile, charged=node in charged)
+        value = replace(value, recompute_seconds=measured[node]) if node in measured else value
         ids[node] = value.id
         values.append(value)
         value_nodes.append(node)
@@ -126,10 +131,10 @@ def annotate(joint: JointGraph, device: str | DeviceProfile = AUTO, *, free_inpu
         values=tuple(values),
         storage_bytes=tuple(storages.sizes),
         backward_reads=frozenset(backward_reads),
-        device=profile.name,
+        device=where.name,
         forward_outputs=frozenset(ids[n] for n in outputs[: joint.num_fwd_outputs] if n in ids),
         backward_steps=_backward_steps(graph, backward_nodes, ids, outputs[joint.num_fwd_outputs :], profile),
-        host_bytes_per_second=profile.host_link_bytes_per_second,
+        host_bytes_per_second=where.host_link_bytes_per_second,
     )
     _store_meta(graph, backward_nodes, ids, problem)
     logger.debug(

@@ -30,7 +30,7 @@ from remat_pass.solvers.problem import Plan
 from .budget import parse_budget
 from .capture import capture_failure
 from .compat import recompile_limit, recompile_limit_errors
-from .costs import DeviceProfile, model_profile
+from .costs import CostModel, DeviceProfile, model_profile
 from .distributed import reject_wrapped_model
 from .dynamo_backend import RematBackend
 from .errors import CaptureError, RematError
@@ -61,6 +61,7 @@ class _Settings:
     fullgraph: bool = True  # False: graph breaks allowed, each piece planned on its own
     dynamic: bool = False  # True: one plan, made at the first call's sizes, for every size
     plan_cache: Any = None  # plan_cache.PlanCache, a directory or None
+    costs: str = CostModel.ROOFLINE  # how recompute is priced: roofline, flops or measure
 
 
 # Per-instance state that is rebuilt, never copied or pickled: it holds a lock, compiled code and
@@ -90,12 +91,13 @@ class RematModule(nn.Module):
         fullgraph: bool = True,
         dynamic: bool = False,
         plan_cache: Any = None,
+        costs: str = CostModel.ROOFLINE,
         **solver_options: Any,
     ) -> None:
         super().__init__()
         self.module = module
         self._settings = _Settings(budget, inner, solver, device, time_limit, budget_kind, offload, host_budget,
-                                   dict(solver_options), fullgraph, dynamic, as_plan_cache(plan_cache))
+                                   dict(solver_options), fullgraph, dynamic, as_plan_cache(plan_cache), costs)
         self._build()
 
     def _build(self) -> None:
@@ -109,7 +111,7 @@ class RematModule(nn.Module):
             settings.budget, inner=settings.inner, solver=settings.solver, device=settings.device,
             time_limit=settings.time_limit, budget_kind=settings.budget_kind, free_inputs=settings.fullgraph,
             offload=settings.offload, host_budget=settings.host_budget, plan_cache=settings.plan_cache,
-            **settings.solver_options,
+            costs=settings.costs, **settings.solver_options,
         )
         self._signature = forward_signature(self.module.forward)
         # Not a registered submodule: its parameters are the original's.
@@ -281,6 +283,7 @@ def optimize(
     fullgraph: bool = True,
     dynamic: bool = False,
     plan_cache: Any = None,
+    costs: str = CostModel.ROOFLINE,
     **solver_options: Any,
 ) -> RematModule:
     """Wrap ``model`` so that its training step keeps at most ``budget`` activation bytes.
@@ -292,9 +295,12 @@ def optimize(
     first call, or now from ``example_inputs`` (a tuple of positional inputs, one tensor, or a
     dict of keyword inputs such as a Hugging Face batch) and ``example_kwargs`` (keyword inputs
     beside positional ones); the first training call then runs that plan. An impossible budget raises
-    BudgetInfeasibleError with the smallest feasible one. ``device`` picks the cost model: "auto"
-    (the device the step runs on), a name ("cpu", "a100", "h100", "h200"; "flops" minimises
-    recomputed FLOPs alone) or a ``costs.DeviceProfile``.
+    BudgetInfeasibleError with the smallest feasible one. ``device`` says where the step runs:
+    "auto" (the device of its tensors), a name ("cpu", "a100", "h100", "h200") or a
+    ``costs.DeviceProfile``. ``costs`` says how recompute is priced: "roofline" (the device's
+    profile), "flops" (recomputed FLOPs alone, like torch's knapsack; ``device="flops"`` is an
+    alias) or "measure" (each forward op timed once on the device with the first call's real
+    inputs, before planning; see ``remat_pass.op_timing``).
 
     ``offload=True`` lets the planner also send saved activations to host memory over the
     device's host link where the transfer hides behind compute (``device`` must have one, e.g.
@@ -323,7 +329,7 @@ def optimize(
     optimized = RematModule(
         model, budget, inner=inner, solver=solver, device=device, time_limit=time_limit,
         budget_kind=budget_kind, offload=offload, host_budget=host_budget, fullgraph=fullgraph, dynamic=dynamic,
-        plan_cache=plan_cache, **solver_options,
+        plan_cache=plan_cache, costs=costs, **solver_options,
     )
     if example_inputs is not None or example_kwargs is not None:
         call = call_inputs(example_inputs, example_kwargs)

@@ -16,6 +16,8 @@ lets Inductor compile them with our partitioner installed as its custom partitio
 from __future__ import annotations
 
 import logging
+import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -44,19 +46,64 @@ class JointGraph:
     module: fx.GraphModule
     num_fwd_outputs: int
     partition_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    step_inputs: StepInputs | None = field(default=None, repr=False, compare=False)
+
+
+class StepInputs:
+    """The real inputs dynamo compiled a graph for (``op_timing`` runs the forward on them), held
+    weakly: a plan, a traced step or a cached graph must not keep a step's tensors alive. They
+    are alive while the graph is partitioned, which is when they are read."""
+
+    def __init__(self, gm: torch.nn.Module, inputs: Sequence[Any]) -> None:
+        self._module = weakref.ref(gm)
+        self._inputs = [weakref.ref(x) if isinstance(x, torch.Tensor) else x for x in inputs]
+
+    def inputs(self) -> list[Any] | None:
+        """The inputs in dynamo's order (AOTAutograd's ``PlainAOTInput.idx``); None once any is gone."""
+        found = [x() if isinstance(x, weakref.ref) else x for x in self._inputs]
+        return None if any(x is None and isinstance(r, weakref.ref) for x, r in zip(found, self._inputs)) else found
+
+    def attribute(self, target: str) -> torch.Tensor | None:
+        """A parameter or buffer of the compiled module (``ParamAOTInput``/``BufferAOTInput``)."""
+        module = self._module()
+        try:
+            return None if module is None else module.get_parameter(target)
+        except AttributeError:
+            try:
+                return module.get_buffer(target)  # type: ignore[union-attr]
+            except AttributeError:
+                return None
 
 
 JointGraphHandler = Callable[[JointGraph], "tuple[fx.GraphModule, fx.GraphModule]"]
 
 
-def _partition_fn(handler: JointGraphHandler) -> Callable[..., tuple[fx.GraphModule, fx.GraphModule]]:
+class _Compiling(threading.local):
+    """The real inputs of the graph a backend is compiling on this thread (AOTAutograd hands the
+    partition function fake tensors only)."""
+
+    inputs: StepInputs | None = None
+
+
+def _recording_inputs(compiling: _Compiling, compile_fn: Callable[..., Any]) -> Callable[..., Any]:
+    def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+        previous, compiling.inputs = compiling.inputs, StepInputs(gm, example_inputs)
+        try:
+            return compile_fn(gm, example_inputs)
+        finally:
+            compiling.inputs = previous
+
+    return backend
+
+
+def _partition_fn(handler: JointGraphHandler, compiling: _Compiling) -> Callable[..., tuple[fx.GraphModule, fx.GraphModule]]:
     """Adapt a handler to AOTAutograd's ``partition_fn(joint, joint_inputs, *, num_fwd_outputs, ...)``."""
 
     def partition(
         joint_module: fx.GraphModule, _joint_inputs: Any, *, num_fwd_outputs: int, **kwargs: Any
     ) -> tuple[fx.GraphModule, fx.GraphModule]:
         kwargs.pop("compiler", None)
-        return handler(JointGraph(joint_module, num_fwd_outputs, dict(kwargs)))
+        return handler(JointGraph(joint_module, num_fwd_outputs, dict(kwargs), compiling.inputs))
 
     return partition
 
@@ -80,8 +127,8 @@ def _boxed_eager(gm: fx.GraphModule, _example_inputs: Sequence[Any]) -> Callable
 class _InductorPartitioner(PartitionerBase):  # type: ignore[misc,valid-type]
     """Our partition function in the shape Inductor accepts as ``custom_partitioner_fn``."""
 
-    def __init__(self, handler: JointGraphHandler) -> None:
-        self._partition = _partition_fn(handler)
+    def __init__(self, handler: JointGraphHandler, compiling: _Compiling) -> None:
+        self._partition = _partition_fn(handler, compiling)
 
     def __call__(self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any):
         return self._partition(gm, joint_inputs, **kwargs)
@@ -100,7 +147,8 @@ def _inductor_backend(handler: JointGraphHandler) -> Callable[[fx.GraphModule, l
             f"inner='inductor' needs torch._inductor.config.custom_partitioner_fn, which torch "
             f"{torch.__version__} lacks; use inner='eager' or a newer torch"
         )
-    partitioner = _InductorPartitioner(handler)
+    compiling = _Compiling()
+    partitioner = _InductorPartitioner(handler, compiling)
 
     def compile_with_inductor(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
         # The FX graph cache would try to pickle the partitioner into its key; plans are not
@@ -108,7 +156,7 @@ def _inductor_backend(handler: JointGraphHandler) -> Callable[[fx.GraphModule, l
         with inductor_config.patch(custom_partitioner_fn=partitioner, fx_graph_cache=False):
             return compile_fx(gm, example_inputs)
 
-    return compile_with_inductor
+    return _recording_inputs(compiling, compile_with_inductor)
 
 
 def make_dynamo_backend(handler: JointGraphHandler, inner: str = "eager") -> Callable[..., Any]:
@@ -119,7 +167,10 @@ def make_dynamo_backend(handler: JointGraphHandler, inner: str = "eager") -> Cal
         raise ValueError(f"inner compiler must be one of {INNER_COMPILERS}, got {inner!r}")
     from torch._dynamo.backends.common import aot_autograd
 
-    return aot_autograd(fw_compiler=_boxed_eager, bw_compiler=_boxed_eager, partition_fn=_partition_fn(handler))
+    compiling = _Compiling()
+    compile_fn = aot_autograd(fw_compiler=_boxed_eager, bw_compiler=_boxed_eager,
+                              partition_fn=_partition_fn(handler, compiling))
+    return _recording_inputs(compiling, compile_fn)
 
 
 def capture(model: torch.nn.Module, example_inputs: Sequence[Any],

@@ -17,14 +17,18 @@ Grace-Hopper NVLink-C2C part (~450 GB/s) or a measured number, make a profile wi
 ``dataclasses.replace(get_profile("h100"), host_link_bytes_per_second=...)``. The CPU has no
 host link: its host and device memory are the same, offloading saves nothing.
 
-Two names are not devices:
+``device`` says where the step runs (its memory model and host link); ``costs`` says how an op
+is priced (``CostModel``): "roofline" (the device's profile, below), "flops" (FLOPs alone) or
+"measure" (each forward op timed once on the device: ``remat_pass.op_timing``).
+
+Two device names are not devices:
 
 * ``"auto"`` (the default of ``optimize`` and the backend) picks the profile of the device the
   step's tensors are on: "cpu" on the CPU, the matching GPU profile on CUDA (by the device's name;
   an unknown GPU gets "h100" and a warning saying how to choose). A plan priced for the wrong
   device ranks memory-bound ops wrongly: the CPU moves ~7 FLOPs per byte in the time an H100
   moves ~180.
-* ``"flops"`` prices an op by its FLOPs alone, as ``torch.utils.flop_counter`` counts them and as
+* ``"flops"``, an alias of ``costs="flops"`` on the step's own device, prices an op by its FLOPs alone, as ``torch.utils.flop_counter`` counts them and as
   torch.compile's ``activation_memory_budget`` knapsack does by default (norms, softmax and
   pointwise ops cost only a tie-breaking launch overhead). It minimises recomputed FLOPs, the
   deterministic yardstick; it does not model time.
@@ -32,15 +36,16 @@ Two names are not devices:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import enum
 import logging
+from dataclasses import dataclass
 
 import torch
 
 logger = logging.getLogger(__name__)
 
 AUTO = "auto"  # the profile of the device the step runs on (resolve_profile)
+
 
 @dataclass(frozen=True)
 class DeviceProfile:
@@ -117,3 +122,35 @@ def model_profile(device: str | DeviceProfile, model: torch.nn.Module) -> str | 
     for tensor in (*model.parameters(), *model.buffers()):
         return profile_name_for(tensor.device)
     return device
+
+
+class CostModel(str, enum.Enum):
+    """How recompute is priced (``optimize(costs=...)``); ``device`` says where the step runs."""
+
+    ROOFLINE = "roofline"  # the device profile: max(compute, memory traffic) + launch overhead
+    FLOPS = "flops"  # FLOPs alone, like torch.compile's activation_memory_budget knapsack
+    MEASURE = "measure"  # each forward op timed once on the device, with the step's real inputs
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def parse_costs(costs: object) -> CostModel:
+    """``costs`` as a ``CostModel``; anything else is a ValueError naming the choices."""
+    try:
+        return CostModel(costs)
+    except (ValueError, TypeError):
+        raise ValueError(f"costs must be one of {', '.join(repr(c.value) for c in CostModel)}, got {costs!r} "
+                         "(device= says where the step runs, costs= how recompute is priced)") from None
+
+
+def pricing_profiles(device: str | DeviceProfile, costs: object,
+                     tensors_on: torch.device | None = None) -> tuple[DeviceProfile, DeviceProfile]:
+    """(the device's profile, the profile that prices ops). The first gives the memory model and
+    the host link; the second is the same profile except under "flops", where FLOPs alone price
+    ops. ``device="flops"`` is kept as an alias of ``costs="flops"`` on the step's own device."""
+    model = parse_costs(costs)
+    if isinstance(device, str) and device == "flops":
+        device, model = AUTO, CostModel.FLOPS
+    where = get_profile(device, tensors_on)
+    return where, DEVICE_PROFILES["flops"] if model is CostModel.FLOPS else where

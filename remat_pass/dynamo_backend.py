@@ -32,7 +32,7 @@ from remat_pass.solvers.problem import Plan
 from .budget import Budget, parse_budget
 from .attribution import module_path
 from .capture import INNER_COMPILERS, JointGraph, make_dynamo_backend
-from .costs import DeviceProfile
+from .costs import CostModel, DeviceProfile, parse_costs
 from .offload import check_offload_options, parse_host_budget
 from .plan_cache import PlanCache, as_plan_cache
 from .errors import InvalidBudgetError
@@ -86,6 +86,7 @@ class RematBackend:
         on_infeasible: str = OnInfeasible.RAISE,
         pieces: int = 1,
         plan_cache: PlanCache | str | os.PathLike[str] | None = None,
+        costs: str = CostModel.ROOFLINE,
         **solver_options: Any,
     ) -> None:
         if inner not in INNER_COMPILERS:
@@ -102,7 +103,7 @@ class RematBackend:
         self.options = PlanOptions(parsed, solver, device, time_limit, budget_kind, solver_options, free_inputs,
                                    on_infeasible=on_infeasible, offload=offload,
                                    host_budget_bytes=parse_host_budget(host_budget),
-                                   plan_cache=as_plan_cache(plan_cache))
+                                   plan_cache=as_plan_cache(plan_cache), costs=parse_costs(costs))
         self.pieces = pieces
         self.inner = inner
         self.plans: list[Plan] = []

@@ -22,7 +22,7 @@ from typing import Any
 from torch import nn
 
 from .budget import parse_budget
-from .costs import DeviceProfile
+from .costs import CostModel, DeviceProfile, parse_costs
 from .pipeline import DEFAULT_TIME_LIMIT, BudgetKind, LossFn, PlanOptions, TracedStep, plan_problem, trace_step
 from .report import PlanReport
 
@@ -64,13 +64,15 @@ def explain(
     *,
     loss_fn: LossFn | None = None,
     depth: int | None = None,
+    costs: str = CostModel.ROOFLINE,
     **solver_options: Any,
 ) -> PlanReport:
     """Plan ``model``'s training step for ``budget`` and account for it module by module.
 
     Nothing is trained: the step is traced once (see ``trace_step``). ``budget`` as for
     ``optimize``; an impossible one raises BudgetInfeasibleError with the smallest feasible.
-    ``solver`` is any name in ``solvers.SOLVERS``; ``device`` picks the cost model.
+    ``solver`` is any name in ``solvers.SOLVERS``; ``device`` picks the cost model and ``costs``
+    how it prices recompute ("roofline", "flops", "measure").
     """
-    traced = trace_step(model, example_inputs, loss_fn=loss_fn, device=device)
+    traced = trace_step(model, example_inputs, loss_fn=loss_fn, device=device, costs=parse_costs(costs))
     return explain_traced(traced, budget, solver, depth=depth, **solver_options)

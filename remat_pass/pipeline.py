@@ -30,7 +30,7 @@ from .annotate import AnnotatedGraph, annotate
 from .baseline import as_given_plan, has_checkpoint_regions
 from .budget import Budget
 from .capture import JointGraph
-from .costs import DeviceProfile
+from .costs import CostModel, DeviceProfile
 from .errors import RematError
 from .progress import solving
 from .rewrite import rewrite
@@ -87,8 +87,9 @@ def resolve_budget_kind(budget: Budget, kind: str) -> BudgetKind:
 
 @dataclass(frozen=True)
 class PlanOptions:
-    """How plans are made. ``device`` picks the cost model ("cpu", "a100", "h100", "h200");
-    ``budget_kind`` says what the budget bounds ("auto", "saved", "peak")."""
+    """How plans are made. ``device`` says where the step runs ("auto", "cpu", "a100", "h100",
+    "h200" or a ``DeviceProfile``), ``costs`` how recompute is priced ("roofline", "flops",
+    "measure"); ``budget_kind`` says what the budget bounds ("auto", "saved", "peak")."""
 
     budget: Budget
     solver: str = "ilp"
@@ -107,6 +108,7 @@ class PlanOptions:
     host_budget_bytes: int | None = None
     # Where solved plans are stored and looked up (plan_cache.PlanCache); not a planning input.
     plan_cache: Any = field(default=None, compare=False, repr=False)
+    costs: CostModel = CostModel.ROOFLINE
 
 
 # --- the budget -------------------------------------------------------------------------------
@@ -331,7 +333,7 @@ class PlannedGraph:
 def plan_joint_graph(joint: JointGraph, options: PlanOptions) -> PlannedGraph:
     """The whole pipeline for one joint graph: annotate, plan, rewrite, reconcile."""
     started = time.perf_counter()
-    annotated = annotate(joint, options.device, free_inputs=options.free_inputs)
+    annotated = annotate(joint, options.device, free_inputs=options.free_inputs, costs=options.costs)
     planned = plan_problem(annotated.problem, options)
     forward, backward = rewrite(annotated, planned.plan)
     result = reconcile(annotated, options, planned, forward, backward)

@@ -36,7 +36,7 @@ from remat_pass.solvers.problem import Plan
 
 from .budget import parse_budget
 from .compat import fake_tensor_mode, is_fake
-from .costs import DeviceProfile
+from .costs import CostModel, DeviceProfile, parse_costs
 from .inputs import call_inputs
 from .offload import check_offload_options, parse_host_budget
 from .pipeline import (
@@ -77,12 +77,14 @@ def plan(
     offload: bool = False,
     host_budget: object = None,
     example_kwargs: Mapping[str, Any] | None = None,
+    costs: str = CostModel.ROOFLINE,
     **solver_options: Any,
 ) -> Plan:
     """Decide what ``model``'s training step keeps and recomputes under ``budget``; run nothing.
 
     ``budget`` as for ``optimize`` (a fraction of the saved bytes, or an absolute size; see
-    ``budget_kind``). ``device`` picks the cost model ("cpu", "a100", "h100", "h200"), ``solver``
+    ``budget_kind``). ``device`` picks the cost model ("cpu", "a100", "h100", "h200") and ``costs``
+    how it prices recompute ("roofline", "flops"; "measure" needs real tensors), ``solver``
     any name in ``solvers.SOLVERS`` ("fast" scales to deep models; "ilp" is exact but slow there).
     Parameters, buffers and inputs on the meta device are traced as fake tensors, nothing is
     allocated; real tensors run one forward on their device. ``example_inputs`` as for
@@ -94,7 +96,7 @@ def plan(
     """
     report_ = plan_with_report(model, example_inputs, budget, device=device, solver=solver, budget_kind=budget_kind,
                                loss_fn=loss_fn, time_limit=time_limit, offload=offload, host_budget=host_budget,
-                               example_kwargs=example_kwargs, **solver_options)
+                               example_kwargs=example_kwargs, costs=costs, **solver_options)
     if verbose:
         print(report_.render(depth=depth))
     return report_.plan
@@ -113,6 +115,7 @@ def plan_with_report(
     offload: bool = False,
     host_budget: object = None,
     example_kwargs: Mapping[str, Any] | None = None,
+    costs: str = CostModel.ROOFLINE,
     **solver_options: Any,
 ) -> PlanReport:
     """``plan`` plus the step's FLOPs and forward time: a ``PlanReport`` at the blocks' depth."""
@@ -120,12 +123,14 @@ def plan_with_report(
     parsed = parse_budget(budget)
     resolve_budget_kind(parsed, budget_kind)  # reject a bad kind before tracing
     check_offload_options(offload, device, solver)
+    parse_costs(costs)
     call = call_inputs(example_inputs, example_kwargs)
     with traceable(model, call.flat()) as flat:
         # Always through trace_step's loss wrapper: module paths then read as the model names them,
         # even when the model's forward is itself wrapped (Hugging Face decorators).
         args, kwargs = flat[:len(call.args)], dict(zip(call.kwargs, flat[len(call.args):]))
-        traced = trace_step(model, args, loss_fn=loss_fn or _output, device=device, example_kwargs=kwargs)
+        traced = trace_step(model, args, loss_fn=loss_fn or _output, device=device, example_kwargs=kwargs,
+                            costs=costs)
     options = PlanOptions(parsed, solver, device, time_limit, budget_kind, dict(solver_options), offload=offload,
                           host_budget_bytes=parse_host_budget(host_budget))
     made = plan_problem(traced.problem, options).plan

@@ -19,7 +19,7 @@ from remat_pass.solvers.problem import Problem
 
 from .annotate import META_KEY, AnnotatedGraph, annotate
 from .capture import capture
-from .costs import DeviceProfile
+from .costs import CostModel, DeviceProfile
 from .inputs import call_inputs
 
 LossFn = Callable[..., torch.Tensor]
@@ -73,19 +73,21 @@ def trace_step(
     device: str | DeviceProfile = "auto",
     *,
     example_kwargs: Mapping[str, Any] | None = None,
+    costs: str = CostModel.ROOFLINE,
 ) -> TracedStep:
     """Capture and annotate one training step of ``model``; nothing is trained or modified.
 
     Inputs as ``optimize`` takes them (``inputs.call_inputs``): a tuple of positional inputs,
     one tensor, or a dict of keyword inputs, plus ``example_kwargs``. ``loss_fn(output, *args,
     **kwargs)``, when given, becomes part of the traced step; its values are planned too and
-    belong to no module (``""``).
+    belong to no module (``""``). ``costs`` prices recompute as for ``optimize`` ("measure" needs
+    real tensors; traced from meta ones, the roofline prices the step and a warning says so).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"expected an nn.Module, got {type(model).__name__}")
     call = call_inputs(example_inputs, example_kwargs)
     target = model if loss_fn is None else _WithLoss(model, loss_fn)
-    annotated = [annotate(joint, device) for joint in capture(target, call.args, call.kwargs)]
+    annotated = [annotate(joint, device, costs=costs) for joint in capture(target, call.args, call.kwargs)]
     step_flops = sum(
         node.meta[META_KEY].flops for a in annotated for node in a.joint.module.graph.nodes if META_KEY in node.meta
     )

@@ -25,7 +25,7 @@ from remat_pass import solvers
 from remat_pass.solvers.problem import Plan, Problem, format_bytes
 
 from .budget import parse_budget
-from .costs import DeviceProfile
+from .costs import CostModel, DeviceProfile, parse_costs
 from .pipeline import LossFn, TracedStep, trace_step
 from .report import format_flops
 
@@ -239,6 +239,7 @@ def sweep(
     baselines: Iterable[str] = BASELINES,
     progress: bool | None = None,
     hull: bool = False,
+    costs: str = CostModel.ROOFLINE,
     **solver_options: Any,
 ) -> Sweep:
     """Trace ``model``'s training step once and plan it for every budget, plus the baselines
@@ -248,6 +249,7 @@ def sweep(
     raises InvalidBudgetError before anything is solved). ``loss_fn(output, *example_inputs)``
     makes the loss part of the traced step. ``progress``: a progress bar on stderr (None: only
     when stderr is a terminal). ``solver_options`` go to the solver (e.g. ``time_limit``).
+    ``costs`` prices recompute as for ``optimize`` ("roofline", "flops", "measure").
     """
-    traced = trace_step(model, example_inputs, loss_fn=loss_fn, device=device)
+    traced = trace_step(model, example_inputs, loss_fn=loss_fn, device=device, costs=parse_costs(costs))
     return sweep_traced(traced, budgets, solver, baselines=baselines, progress=progress, hull=hull, **solver_options)
