@@ -30,11 +30,12 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import fx
-from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._pytree import tree_flatten, tree_map
 
 from .collectives import is_collective
-from .dropout_replay import dropout_replay_sources, order_dropout_masks
+from .compat import real_tensors
+from .dropout_replay import dropout_replay_sources, order_dropout_masks, replay
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +126,7 @@ def _device_of(values: Iterable[Any]) -> torch.device:
 def _isolated(device: torch.device) -> Iterator[None]:
     """No autograd, no autocast, no fake mode; the RNG of the CPU and of ``device`` restored."""
     with contextlib.ExitStack() as stack:
-        stack.enter_context(unset_fake_temporarily())
+        stack.enter_context(real_tensors())
         stack.enter_context(torch.no_grad())
         stack.enter_context(torch.random.fork_rng(devices=[device] if device.type == "cuda" else []))
         for kind in {"cpu", device.type}:
@@ -168,15 +169,12 @@ def _stand_in(fake: Any) -> Any:
     return torch.zeros(fake.shape, dtype=fake.dtype, device=fake.device)
 
 
-def _replay_seconds(node: fx.Node, replay: tuple[fx.Node, fx.Node], env: dict[fx.Node, Any],
+def _replay_seconds(node: fx.Node, sources: tuple[fx.Node, fx.Node], env: dict[fx.Node, Any],
                     device: torch.device) -> float:
-    """What backward pays to rebuild a dropout output from its mask (``rewrite._replay_dropouts``)."""
-    source, mask = replay
+    """What backward pays to rebuild a dropout output from its mask (``dropout_replay.replay``)."""
+    source, mask = env[sources[0]], env[sources[1]]
     probability = node.args[0].args[1]  # type: ignore[union-attr]
-    scale = 1.0 / (1.0 - probability)
-    x, m = env[source], env[mask]
-    mul = torch.ops.aten.mul.Tensor
-    return _seconds_per_call(lambda: mul(mul(x, m), scale), device)
+    return _seconds_per_call(lambda: replay(source, mask, probability), device)
 
 
 def _seconds_per_call(call: Callable[[], Any], device: torch.device) -> float:
