@@ -128,7 +128,11 @@ def _add_explain_parser(subparsers: Any) -> None:
     sub.add_argument("--budget", default="0.5",
                      help="fraction of keep-all in (0, 1] or a size such as 2MiB (default 0.5)")
     sub.add_argument("--solver", default="ilp", help=_SOLVER_HELP)
-    sub.add_argument("--device", default="auto", help="cost model: auto (default: the device the step runs on), cpu, a100, h100, h200, flops (FLOPs alone)")
+    sub.add_argument("--device", default="auto", help="where the step runs: auto (default: the device of its "
+                     "tensors), cpu, a100, h100, h200")
+    sub.add_argument("--costs", default="roofline",
+                     help="how recompute is priced: roofline (default: the device's profile), flops (FLOPs alone) "
+                     "or measure (each forward op timed once on the device)")
     sub.add_argument("--depth", type=_positive_int, default=None,
                      help="sum modules to their first N path parts (2: 'blocks.0'); default: innermost")
     sub.add_argument("--time-limit", type=_positive_float, default=None,
@@ -208,7 +212,7 @@ def _run_explain(args: argparse.Namespace) -> int:
 
     from remat_pass import solvers
     from remat_pass.budget import parse_budget
-    from remat_pass.costs import get_profile
+    from remat_pass.costs import get_profile, parse_costs
     from remat_pass.errors import BudgetInfeasibleError, InvalidBudgetError, RematError
     from remat_pass.explain import explain_traced
     from remat_pass.offload import check_offload_options
@@ -218,6 +222,7 @@ def _run_explain(args: argparse.Namespace) -> int:
     try:
         budget = parse_budget(_budget_argument(args.budget))
         get_profile(args.device)
+        parse_costs(args.costs)
         check_offload_options(args.offload, args.device, args.solver)
     except (InvalidBudgetError, ValueError) as e:
         raise _UsageError(str(e)) from e
@@ -231,7 +236,7 @@ def _run_explain(args: argparse.Namespace) -> int:
         options["time_limit"] = args.time_limit
     try:
         with _stdout_to_stderr():
-            traced = trace_step(model, inputs, loss_fn=loss_fn, device=args.device)
+            traced = trace_step(model, inputs, loss_fn=loss_fn, device=args.device, costs=args.costs)
             explanation = explain_traced(traced, budget, args.solver, depth=args.depth, offload=args.offload,
                                          **options)
     except BudgetInfeasibleError as e:

@@ -109,7 +109,9 @@ def _checked(node: fx.Node, value: Any) -> Any:
         raise Unmeasurable(f"graph input {node.name} is a {type(value).__name__}, not a plain tensor")
     if value.device.type == "meta":
         raise Unmeasurable("the step's tensors are on the meta device: there is nothing to time")
-    if tuple(value.shape) != tuple(fake.shape) or value.dtype != fake.dtype:
+    sizes_differ = value.dim() != fake.dim() or any(
+        isinstance(f, int) and f != v for f, v in zip(fake.shape, value.shape))  # symbolic sizes: not compared
+    if sizes_differ or value.dtype != fake.dtype:
         raise Unmeasurable(f"graph input {node.name} maps to a {tuple(value.shape)} {value.dtype} tensor, "
                            f"the graph expects {tuple(fake.shape)} {fake.dtype}")
     return value
