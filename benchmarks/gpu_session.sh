@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device session, as run on the lent H200 (see benchmarks/GPU.md for results):
+# One device session, as run on the lent H200 (benchmarks/GPU.md has the results): the GPU
+# preset, the cost models and the offload check.
 #   bash benchmarks/gpu_session.sh OUT_DIR [PRESET_MINUTES]
 # The device machine has its own torch (2.11 was seen) but not PuLP or HiGHS: carry their wheels
 # in .whl/ (benchmarks/README.md says how). The repository is not pip-installed there, so
@@ -21,7 +22,9 @@ export PYTHONUNBUFFERED=1
     python3 -c "import torch, pulp, highspy; print('torch', torch.__version__, torch.cuda.get_device_name(), 'pulp', pulp.__version__)"
 } 2>&1 | tee "$log"
 # The benchmark preset: rows not started after $minutes are recorded as skipped.
-timeout $((minutes * 60 + 60)) python3 -m benchmarks --preset gpu --time-limit "$minutes" --out "$out/gpu" -v 2>&1 | tee -a "$log"
+# (No plots: the device returns at most 8 files.)
+timeout $((minutes * 60 + 60)) python3 -m benchmarks --preset gpu --time-limit "$minutes" --out "$out/gpu" --no-plots -v 2>&1 | tee -a "$log"
+# Roofline, FLOP-priced and measured op costs: predicted against measured step-time overhead.
+timeout 150 python3 -m benchmarks.cost_models --device cuda --dtype bf16 --quick --out "$out/costs" 2>&1 | tee -a "$log"
 timeout 90 python3 -m benchmarks.gpu_offload_check --out "$out" 2>&1 | tee -a "$log"
-if [ -n "$EXTRA_CHECK" ]; then timeout 150 bash -c "$EXTRA_CHECK" 2>&1 | tee -a "$log"; fi
 date -u | tee -a "$log"
