@@ -46,6 +46,7 @@ from .compat import is_symbolic as _is_symbolic
 from .dropout_replay import dropout_replay_sources, order_dropout_masks
 from .costs import AUTO, CostModel, DeviceProfile, parse_costs, pricing_profiles
 from .op_timing import measured_seconds
+from .scratch import kernel_scratch
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +68,7 @@ class NodeInfo:
     recompute_seconds: float
     tags: frozenset[str]
     module: str
+    scratch_bytes: int = 0  # the kernel's working memory while it runs (remat_pass.scratch)
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,7 @@ def annotate(joint: JointGraph, device: str | DeviceProfile = AUTO, *, free_inpu
     backward_nodes = tangent_dependent(graph)
     backward_nodes |= derived_in_backward(graph, backward_nodes, joint.num_fwd_outputs)
     measured = measured_seconds(graph, joint.step_inputs, backward_nodes) if parse_costs(costs) == "measure" else {}
+    scratch = kernel_scratch(graph, _graph_outputs(graph)[joint.num_fwd_outputs :])  # measured, or estimated on meta
     storages = _StorageTable()
     values: list[Value] = []
     value_nodes: list[fx.Node] = []
@@ -116,7 +119,8 @@ def annotate(joint: JointGraph, device: str | DeviceProfile = AUTO, *, free_inpu
     for node in graph.nodes:
         if node.op == "output" or node in backward_nodes:
             continue
-        value = _make_value(node, len(values), ids, storages, profile, charged=node in charged)
+        value = replace(_make_value(node, len(values), ids, storages, profile, charged=node in charged),
+                        scratch_bytes=scratch.get(node, 0))
         value = replace(value, recompute_seconds=measured[node]) if node in measured else value
         ids[node] = value.id
         values.append(value)
@@ -133,10 +137,10 @@ def annotate(joint: JointGraph, device: str | DeviceProfile = AUTO, *, free_inpu
         backward_reads=frozenset(backward_reads),
         device=where.name,
         forward_outputs=frozenset(ids[n] for n in outputs[: joint.num_fwd_outputs] if n in ids),
-        backward_steps=_backward_steps(graph, backward_nodes, ids, outputs[joint.num_fwd_outputs :], profile),
+        backward_steps=_backward_steps(graph, backward_nodes, ids, outputs[joint.num_fwd_outputs :], profile, scratch),
         host_bytes_per_second=where.host_link_bytes_per_second,
     )
-    _store_meta(graph, backward_nodes, ids, problem)
+    _store_meta(graph, ids, problem, scratch)
     logger.debug(
         "annotated %d forward values, %d backward reads, keep-all %d bytes",
         len(values), len(backward_reads), problem.keep_all_bytes(),
@@ -181,12 +185,12 @@ def _graph_outputs(graph: fx.Graph) -> list[fx.Node | None]:
 
 def _backward_steps(
     graph: fx.Graph, backward_nodes: set[fx.Node], ids: dict[fx.Node, int], gradients: list[fx.Node | None],
-    profile: DeviceProfile,
+    profile: DeviceProfile, scratch: dict[fx.Node, int],
 ) -> tuple[BackwardStep, ...]:
     """The backward ops in order, each with the forward values it reads, the bytes of
     backward-only tensors live while it runs (allocated at their op, freed after their last
-    reader; parameter gradients and anything sharing a forward storage excluded) and its
-    roofline time (the compute a reload from host memory can hide behind)."""
+    reader; parameter gradients and anything sharing a forward storage excluded; its kernel's
+    scratch included) and its roofline time (the compute a reload from host memory can hide behind)."""
     forward_keys = {key for node in ids for key, _ in _storages(node)}
     gradient_keys = {key for node in gradients if node is not None for key, _ in _storages(node)}
     ignored = forward_keys | gradient_keys
@@ -207,7 +211,8 @@ def _backward_steps(
         if node.op == "call_function":
             reads = {ids[s] for s in node.all_input_nodes if s in ids}
             reads.update(i for s in node.all_input_nodes for i in carried.get(s, ()))
-            steps.append(BackwardStep(tuple(sorted(reads)), sum(live.values()), _op_seconds(node, profile)))
+            extra = scratch.get(node, 0)
+            steps.append(BackwardStep(tuple(sorted(reads)), sum(live.values()) + extra, _op_seconds(node, profile), extra))
         for key in [k for k in live if last_use.get(k, index) <= index]:
             del live[key]
     return tuple(steps)
@@ -529,22 +534,16 @@ def _pin_readers_of_mutated_inputs(graph: fx.Graph, values: list[Value], nodes: 
             values[index] = replace(values[index], recomputable=False)
 
 
-def _store_meta(graph: fx.Graph, backward_nodes: set[fx.Node], ids: dict[fx.Node, int], problem: Problem) -> None:
+def _store_meta(graph: fx.Graph, ids: dict[fx.Node, int], problem: Problem, scratch: dict[fx.Node, int]) -> None:
     for node in graph.nodes:
         if node.op == "output":
             continue
         value_id = ids.get(node)
         if value_id is None:
-            node.meta[META_KEY] = NodeInfo(BACKWARD, None, 0, _flops(node), 0.0, frozenset(), module_path(node))
+            node.meta[META_KEY] = NodeInfo(BACKWARD, None, 0, _flops(node), 0.0, frozenset(), module_path(node),
+                                           scratch.get(node, 0))
             continue
         value = problem.values[value_id]
-        node.meta[META_KEY] = NodeInfo(
-            FORWARD,
-            value_id,
-            problem.storage_bytes[value.storage],
-            value.flops,
-            value.recompute_seconds,
-            value.tags,
-            value.module,
-        )
+        node.meta[META_KEY] = NodeInfo(FORWARD, value_id, problem.storage_bytes[value.storage], value.flops,
+                                       value.recompute_seconds, value.tags, value.module, value.scratch_bytes)
 

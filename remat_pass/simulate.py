@@ -19,8 +19,10 @@ sent from is freed at its wait (its last reader), the fetched copy counts from i
 
 What is counted is activation memory: parameters, buffers and inputs (the forward graph's
 placeholders, and views of them) are not, and neither are the parameter gradients the
-backward returns (reported apart as ``gradient_bytes``). Scratch space inside a kernel is not
-seen. Sizes come from the fake values AOTAutograd traced (``node.meta["val"]``), so the same
+backward returns (reported apart as ``gradient_bytes``). Scratch space inside a kernel is
+counted while its node runs where annotate recorded it (``node.meta["remat"].scratch_bytes``,
+measured per op configuration by ``remat_pass.scratch``), so a graph remat_pass did not annotate
+shows none. Sizes come from the fake values AOTAutograd traced (``node.meta["val"]``), so the same
 simulator works for graphs traced on the meta device.
 """
 
@@ -34,6 +36,7 @@ from torch import fx
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten
 
+from .annotate import META_KEY
 from .compat import concrete_int
 
 FORWARD, BACKWARD = "forward", "backward"
@@ -114,7 +117,8 @@ class _Replay:
             self.live.pop(key, None)
 
     def record(self, phase: str, node: fx.Node) -> None:
-        self.events.append(MemoryEvent(len(self.events), phase, node.name, self.total))
+        scratch = getattr(node.meta.get(META_KEY), "scratch_bytes", 0)
+        self.events.append(MemoryEvent(len(self.events), phase, node.name, self.total + scratch))
 
     def run(self, graph: fx.Graph, phase: str, pinned: set[StorageWeakRef]) -> None:
         """Execute ``graph``'s nodes; storages in ``pinned`` outlive the graph."""

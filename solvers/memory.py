@@ -47,53 +47,21 @@ class PlanMemory:
 
 
 def backward_steps_of(problem: Problem) -> tuple[BackwardStep, ...]:
-    """The problem's backward steps, their working sets with kernel scratch (``conv_scratch``);
-    for a hand-made problem without steps, one step per value backward reads, latest value
-    first (backward runs in reverse), with no working set."""
+    """The problem's backward steps; for a hand-made problem without steps, one step per value
+    backward reads, latest value first (backward runs in reverse), with no working set."""
     if not problem.backward_steps:
         return tuple(BackwardStep((v,), 0) for v in sorted(problem.backward_reads, reverse=True))
-    convolutions = [v for v in problem.values if _is_cpu_convolution(problem, v.id)]
-    if not convolutions:
-        return problem.backward_steps
-    steps = []
-    for step in problem.backward_steps:
-        reads = set(step.reads)
-        scratch = max((BACKWARD_CONV_SCRATCH * _conv_input_bytes(problem, c.id) for c in convolutions
-                       if len(reads.intersection(c.inputs)) >= 2), default=0)
-        steps.append(BackwardStep(step.reads, step.working_bytes + scratch) if scratch else step)
-    return tuple(steps)
-
-
-# Scratch a CPU convolution allocates beyond its output, in multiples of its activation input's
-# bytes: oneDNN reorders the input (forward) and the input and output gradient (backward) to its
-# blocked layout. Estimated per op from allocator measurements of 3x3 convolutions (stride 1 and
-# 2, 32 and 64 channels, torch 2.13): forward peak - output = 1.0x input, backward peak -
-# gradients = 2.0x input. The graphs do not show it; without it a ResNet step overshot its
-# planned peak by 3% (benchmarks/RESULTS.md).
-FORWARD_CONV_SCRATCH = 1
-BACKWARD_CONV_SCRATCH = 2
-
-
-def _is_cpu_convolution(problem: Problem, value: int) -> bool:
-    return problem.device == "cpu" and problem.values[value].op.startswith("convolution")
-
-
-def _conv_input_bytes(problem: Problem, value: int) -> int:
-    values = problem.values
-    return max((problem.storage_bytes[values[u].storage] for u in values[value].inputs if not values[u].available),
-               default=0)
+    return problem.backward_steps
 
 
 def _transient_bytes(problem: Problem, plan: Plan, value: int) -> int:
-    """Extra bytes live for a moment while ``value`` is made: a replayed dropout output is
-    ``(input * mask) * scale``, two tensors of its size until the first is dropped; a CPU
-    convolution's scratch (``FORWARD_CONV_SCRATCH``)."""
+    """Extra bytes live for a moment while ``value`` is made: its kernel's scratch
+    (``Value.scratch_bytes``, from annotate); a replayed dropout output is
+    ``(input * mask) * scale``, two tensors of its size until the first is dropped."""
     v = problem.values[value]
     if value in plan.recomputed and TAG_DROPOUT_REPLAY in v.tags:
         return problem.storage_bytes[v.storage]
-    if _is_cpu_convolution(problem, value):
-        return FORWARD_CONV_SCRATCH * _conv_input_bytes(problem, value)
-    return 0
+    return v.scratch_bytes
 
 
 def _forward_computed(problem: Problem, kept: frozenset[int]) -> list[int]:
@@ -237,8 +205,8 @@ def simulate_plan(problem: Problem, plan: Plan) -> PlanMemory:
         if event.value is None:
             working = steps[event.step].working_bytes
         else:
-            working = steps[event.step - 1].working_bytes if event.step > 0 else 0
-            working += _transient_bytes(problem, plan, event.value)
+            before = steps[event.step - 1] if event.step > 0 else BackwardStep(())
+            working = before.working_bytes - before.scratch_bytes + _transient_bytes(problem, plan, event.value)
         backward_live.append(live + working + pinned_bytes)
     forward_peak = max(forward_live, default=0)
     backward_peak = max(backward_live, default=0)

@@ -59,6 +59,7 @@ class Value:
     module: str = ""
     op: str = ""
     tags: frozenset[str] = frozenset()
+    scratch_bytes: int = 0  # the kernel's own working memory while it runs (forward or recompute)
 
 
 @dataclass(frozen=True)
@@ -67,12 +68,15 @@ class BackwardStep:
     backward-only tensors (activation gradients, tangents) live while it runs.
 
     ``working_bytes`` does not depend on the plan; what the plan changes is which forward
-    values are alive next to it. Parameter gradients are not counted.
+    values are alive next to it. Parameter gradients are not counted. ``scratch_bytes`` is the
+    part of it that is the kernel's own working memory, live while the op runs and not while
+    the recomputations before the next step do.
     """
 
     reads: tuple[int, ...]
     working_bytes: int = 0
     seconds: float = 0.0  # the op's roofline time: backward compute that can hide a reload
+    scratch_bytes: int = 0
 
 
 @dataclass(frozen=True)
