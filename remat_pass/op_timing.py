@@ -62,7 +62,7 @@ def measure_forward_ops(graph: fx.Graph, step_inputs: Any, backward: set[fx.Node
     last_read = {source: node for node in forward for source in reads[node]}
     started = time.perf_counter()
     seconds: dict[fx.Node, float] = {}
-    with _isolated(device):
+    with isolated(device):
         for node in forward:
             seconds[node], env[node] = _run(node, env, device)
             replay = dropout_replay_sources(node)
@@ -125,8 +125,9 @@ def _device_of(values: Iterable[Any]) -> torch.device:
 
 
 @contextlib.contextmanager
-def _isolated(device: torch.device) -> Iterator[None]:
-    """No autograd, no autocast, no fake mode; the RNG of the CPU and of ``device`` restored."""
+def isolated(device: torch.device) -> Iterator[None]:
+    """No autograd, no autocast, no fake mode; the RNG of the CPU and of ``device`` restored
+    (also for ``scratch``, which runs ops on random inputs)."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(real_tensors())
         stack.enter_context(torch.no_grad())

@@ -13,19 +13,22 @@ device, the other arguments), once per process:
 
 * **measured** where the tensors are on a real device: the op runs once to warm up (one-time
   allocations such as a library's workspace or a primitive cache are not scratch), then once
-  under ``measure.allocator_peak`` (the profiler reports every device's allocator, so a
-  measurement neither needs nor resets ``torch.cuda``'s peak statistics), on random inputs
-  of the right shape, with the RNG state restored afterwards; scratch = the allocator's peak
-  during the call less the bytes of the outputs it returns;
+  under ``measure.allocator_peak`` (on CUDA the caching allocator's own history, so a
+  measurement neither needs nor resets ``torch.cuda``'s peak statistics), on random inputs of
+  the right shape, without autograd or autocast, the RNG state restored afterwards
+  (``op_timing.isolated``); scratch = the allocator's peak during the call less the bytes of
+  the outputs it returns;
 * **estimated** (``estimated_scratch_bytes``: the CPU ratios above) where nothing can run:
   tensors on the meta device (planning a model that does not fit here), or a failed run.
 
-Which ops run: every op the planner does not already see through (see ``_measurable``):
-pointwise ops, views, mutations, collectives and ops whose output depends on data are
-skipped. Measured over every op of the benchmark models (GPT-, Llama-style transformers, a
+Which ops run (``_measurable``): all but views, mutations, collectives, ops whose output
+depends on data, and pointwise ops that write their output directly (one that first casts an
+input to the output's dtype, a bool mask times a float gradient, is measured: the cast copy is
+scratch). Measured over every op of the benchmark models (GPT-, Llama-style transformers, a
 ResNet; CPU, fp32), only convolutions (forward and backward), batch norm backward, dropout
-(forward and backward) and the CPU attention kernels allocated any; an op that allocates none
-costs one short call.
+(forward and backward), layer norm backward (a few KiB) and the CPU attention kernels allocated
+any (outside them, CPU ``upsample_nearest2d`` does too); an op that allocates none costs two
+short calls (the warm-up and the measured one; a ResNet's ~90 configurations take ~0.4 s).
 """
 
 from __future__ import annotations
@@ -40,8 +43,9 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten, tree_map
 
 from .collectives import is_collective
-from .compat import concrete_int, real_tensors
+from .compat import concrete_int
 from .measure import allocator_peak
+from .op_timing import isolated
 
 logger = logging.getLogger(__name__)
 
@@ -141,8 +145,7 @@ def _measure_or_estimate(node: fx.Node, uncounted: tuple[bool, ...]) -> int:
 def _measure(node: fx.Node, device: torch.device, uncounted: tuple[bool, ...]) -> int:
     """Run the op on random inputs; the allocator's peak during it, the ``uncounted`` outputs
     left out at their allocation, less the other outputs' bytes."""
-    forked = [device] if device.type == "cuda" else []
-    with real_tensors(), torch.no_grad(), torch.random.fork_rng(devices=forked):
+    with isolated(device):
         args, kwargs = tree_map(_real, (node.args, node.kwargs))
         node.target(*args, **kwargs)  # warm-up: one-time allocations are not the op's scratch
         outputs: list[torch.Tensor] = []
