@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device session, as run on the lent H200 (benchmarks/GPU.md has the results): the GPU
-# preset, the cost models and the offload check.
+# preset, the cost models, the kernel-scratch check and the offload check.
 #   bash benchmarks/gpu_session.sh OUT_DIR [PRESET_MINUTES]
 # The device machine has its own torch (2.11 was seen) but not PuLP or HiGHS: carry their wheels
 # in .whl/ (benchmarks/README.md says how). The repository is not pip-installed there, so
@@ -26,5 +26,7 @@ export PYTHONUNBUFFERED=1
 timeout $((minutes * 60 + 60)) python3 -m benchmarks --preset gpu --time-limit "$minutes" --out "$out/gpu" --no-plots -v 2>&1 | tee -a "$log"
 # Roofline, FLOP-priced and measured op costs: predicted against measured step-time overhead.
 timeout 150 python3 -m benchmarks.cost_models --device cuda --dtype bf16 --quick --out "$out/costs" 2>&1 | tee -a "$log"
+# Kernel scratch (cuDNN workspaces) measured per convolution: predicted against allocator peak.
+timeout 100 python3 -m benchmarks.scratch_check --device cuda --out "$out/scratch" 2>&1 | tee -a "$log"
 timeout 90 python3 -m benchmarks.gpu_offload_check --out "$out" 2>&1 | tee -a "$log"
 date -u | tee -a "$log"
