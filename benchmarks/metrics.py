@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 import torch
 
+from remat_pass.annotate import extra_flop_formulas
 from remat_pass.measure import saved_activation_bytes
 
 T = TypeVar("T")
@@ -53,31 +54,17 @@ def dispatch_flops(fn: Callable[[], Any]) -> int:
 
     Blind to compiled code: with a dispatch mode active, dynamo runs the frames eagerly instead
     of the compiled graphs (torch 2.13), so use it for eager strategies only. Torch has no
-    formula for CPU SDPA (``_scaled_dot_product_flash_attention_for_cpu``); we add one.
+    formula for CPU SDPA (``_scaled_dot_product_flash_attention_for_cpu``): remat_pass's
+    ``extra_flop_formulas`` adds one.
     """
     from torch.utils.flop_counter import FlopCounterMode
 
     with warnings.catch_warnings():
         # FlopCounterMode installs global module hooks; torch.compile warns about them.
         warnings.simplefilter("ignore")
-        with FlopCounterMode(display=False, custom_mapping=_cpu_sdpa_formulas()) as counter:
+        with FlopCounterMode(display=False, custom_mapping=extra_flop_formulas()) as counter:
             fn()
     return int(counter.get_total_flops())
-
-
-def _cpu_sdpa_formulas() -> dict[Any, Any]:
-    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
-
-    aten = torch.ops.aten
-    mapping: dict[Any, Any] = {}
-    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
-        mapping[aten._scaled_dot_product_flash_attention_for_cpu] = (
-            lambda q, k, v, *args, out_shape=None, **kwargs: sdpa_flop_count(q, k, v)
-        )
-        mapping[aten._scaled_dot_product_flash_attention_for_cpu_backward] = (
-            lambda grad, q, k, v, *args, out_shape=None, **kwargs: sdpa_backward_flop_count(grad, q, k, v)
-        )
-    return mapping
 
 
 def _conv_out_shape(x: Sequence[int], w: Sequence[int], args: list[Any]) -> list[int] | None:
@@ -92,23 +79,14 @@ def _conv_out_shape(x: Sequence[int], w: Sequence[int], args: list[Any]) -> list
     return [x[0], w[0], *out]
 
 
-def _sdpa_cpu(args: list[Any]) -> int:
-    from torch.utils.flop_counter import sdpa_flop_count
-
-    return int(sdpa_flop_count(args[0], args[1], args[2]))
-
-
-def _sdpa_cpu_backward(args: list[Any]) -> int:
-    from torch.utils.flop_counter import sdpa_backward_flop_count
-
-    return int(sdpa_backward_flop_count(args[0], args[1], args[2], args[3]))
+def _extra_formulas() -> dict[str, Callable[[list[Any]], int]]:
+    """``extra_flop_formulas`` by op name, taking the profiler's recorded arguments."""
+    return {packet.__name__: (lambda args, formula=formula: int(formula(*args)))
+            for packet, formula in extra_flop_formulas().items()}
 
 
 # Ops FlopCounterMode has no formula for (torch 2.13) but that are matmul work all the same.
-_EXTRA_FORMULAS: dict[str, Callable[[list[Any]], int]] = {
-    "_scaled_dot_product_flash_attention_for_cpu": _sdpa_cpu,
-    "_scaled_dot_product_flash_attention_for_cpu_backward": _sdpa_cpu_backward,
-}
+_EXTRA_FORMULAS = _extra_formulas()
 
 
 @dataclass(frozen=True)

@@ -143,6 +143,26 @@ def test_flops_profile_prices_flops_alone():
     assert tanh.flops == 0 and tanh.recompute_seconds == pytest.approx(1e-9)
 
 
+class Attention(nn.Module):
+    def forward(self, q, k, v):
+        return nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def test_cpu_fused_attention_counts_its_matmul_flops():
+    """torch's flop_counter has no formula for the CPU's fused attention; a FLOP-priced plan
+    must not believe recomputing it free (issue 13: it recomputed every attention)."""
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    q, k, v = (torch.randn(2, 2, 16, 8, requires_grad=True) for _ in range(3))
+    annotated = _annotated(Attention(), q, k, v, device="flops")
+    (attention,) = _value(annotated, "_scaled_dot_product_flash_attention_for_cpu.")
+    assert attention.flops == sdpa_flop_count(q.shape, k.shape, v.shape) > 0
+    assert attention.recompute_seconds == pytest.approx(1e-9 + attention.flops / 1e12)
+    backward = [n for n in annotated.joint.module.graph.nodes
+                if "flash_attention_for_cpu_backward" in str(n.target)]
+    assert [n.meta[META_KEY].flops for n in backward] == [sdpa_backward_flop_count(q.shape, q.shape, k.shape, v.shape)]
+
+
 def test_auto_profile_is_the_device_the_step_runs_on(monkeypatch):
     from remat_pass.costs import get_profile, model_profile, profile_name_for
 
