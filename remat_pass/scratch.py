@@ -4,9 +4,10 @@ Some kernels allocate working memory that no graph node shows. On CPU (torch 2.1
 convolution reorders its input and weight into a blocked layout (forward: about its input plus
 weight; backward: about twice its input or output gradient, whichever is larger), batch norm's
 backward builds an input-sized temporary, and dropout draws a float mask before keeping a bool
-one; on CUDA, cuDNN convolutions and the attention kernels take workspaces. The scratch lives
-only while the op runs, but next to everything else alive then: a peak model without it
-under-counts, and a CPU ResNet step overshot its planned peak by 3% (benchmarks/RESULTS.md).
+one; on CUDA, cuDNN convolutions (up to twice their input on an H200) and the attention
+kernels take workspaces. The scratch lives only while the op runs, but next to everything else
+alive then: a peak model without it under-counts, and a CPU ResNet step overshot its planned
+peak by 3% (benchmarks/RESULTS.md).
 
 How it is found, per configuration (op, every tensor argument's shape, strides, dtype and
 device, the other arguments), once per process:
@@ -18,7 +19,7 @@ device, the other arguments), once per process:
   the right shape, without autograd or autocast, the RNG state restored afterwards
   (``op_timing.isolated``); scratch = the allocator's peak during the call less the bytes of
   the outputs it returns;
-* **estimated** (``estimated_scratch_bytes``: the CPU ratios above) where nothing can run:
+* **estimated** (``estimated_scratch_bytes``: measured ratios, CPU and CUDA) where nothing can run:
   tensors on the meta device (planning a model that does not fit here), or a failed run.
 
 Which ops run (``_measurable``): all but views, mutations, collectives, ops whose output
@@ -82,16 +83,19 @@ def node_scratch_bytes(node: fx.Node, uncounted: Collection[StorageWeakRef] = ()
 
 
 def estimated_scratch_bytes(node: fx.Node) -> int:
-    """A per-op estimate where the op cannot run: the CPU kernels' measured ratios (module doc).
+    """A per-op estimate where the op cannot run (meta tensors: the device is unknown), the larger
+    of what was measured on CPU (oneDNN, torch 2.13) and on an H200 (cuDNN, torch 2.11), fp32 and
+    bf16, on the benchmark ResNets (benchmarks.scratch_check).
 
-    Convolution: the larger of input and output, plus the weight (forward); twice the larger of
-    input and output gradient, plus the weight (backward). Batch norm backward, dropout forward
-    and backward: one tensor the size of the input. Every other op: 0.
+    Convolution forward: twice the larger of input and output, plus the weight (CPU: about the
+    input plus the weight; cuDNN: up to twice the input). Backward: twice the larger of input and
+    output gradient, plus the weight (both). Batch norm backward, dropout forward and backward
+    (CPU): one tensor the size of the input. Every other op: 0.
     """
     name = node.target.overloadpacket.__name__ if isinstance(node.target, torch._ops.OpOverload) else ""
     tensors = [_bytes(a) for a in node.args[:3]]
     if name == "convolution":
-        return max(tensors[0], _bytes(node)) + tensors[1]
+        return 2 * max(tensors[0], _bytes(node)) + tensors[1]
     if name == "convolution_backward":
         return 2 * max(tensors[0], tensors[1]) + tensors[2]
     if name in ("native_batch_norm_backward", "native_dropout", "native_dropout_backward"):

@@ -12,7 +12,6 @@ from remat_pass import solvers
 from remat_pass.annotate import annotate
 from remat_pass.capture import capture
 from remat_pass.measure import allocator_peak, peak_activation_bytes
-from remat_pass.pipeline import PEAK_HEADROOM_BYTES
 from remat_pass.rewrite import rewrite
 from remat_pass.scratch import estimated_scratch_bytes, kernel_scratch
 from remat_pass.simulate import simulate
@@ -111,7 +110,7 @@ def test_meta_tensors_get_the_documented_estimate():
     conv2 = _node(piece, aten.convolution.default, 1)
     value = traced.problem.values[piece.nodes.index(conv2)]
     activation, weight = BATCH * CHANNELS * SIDE * SIDE * 4, CHANNELS * CHANNELS * 9 * 4
-    assert value.scratch_bytes == estimated_scratch_bytes(conv2) == activation + weight
+    assert value.scratch_bytes == estimated_scratch_bytes(conv2) == 2 * activation + weight
     backward = _node(piece, aten.convolution_backward.default, 0)
     assert backward.meta["remat"].scratch_bytes == 2 * activation + weight
 
@@ -170,9 +169,9 @@ def test_cnn_peak_budget_is_kept_and_predicted_within_5_percent(fraction):
                                         survivors=lambda: [p.grad for p in model.parameters()])
     assert measured <= budget, f"measured peak {measured} over the {budget}-byte budget"
     assert abs(plan.predicted_peak_bytes - measured) <= 0.05 * measured
-    # Tighter: the model is an upper bound up to the runtime's few small tensors. Without the
-    # convolutions' scratch the allocator is 8.6 KB above the prediction here.
-    assert measured <= plan.predicted_peak_bytes + PEAK_HEADROOM_BYTES
+    # Tighter: the model is an upper bound up to the runtime's few small tensors (here it is
+    # 472 B above the allocator). Without the convolutions' scratch the allocator is 8.6 KB above.
+    assert measured <= plan.predicted_peak_bytes + 4096
 
 
 @pytest.mark.slow
