@@ -207,11 +207,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=2, help="untimed rounds first (the first compiles)")
     parser.add_argument("--threads", type=int, help="torch threads (default: 1 on CPU, torch's own on CUDA)")
     parser.add_argument("--time-limit", type=float, default=30.0, help="seconds per plan")
-    parser.add_argument("--quick", action="store_true", help="the first budget only, 5 rounds, 1 warm-up")
+    parser.add_argument("--quick", action="store_true",
+                        help="the first budget only, 5 rounds, 1 warm-up, 10 s per plan (an H200 run in ~2 minutes)")
     for name in ("layers", "hidden", "heads", "seq", "batch", "vocab"):
         parser.add_argument(f"--{name}", type=int, help=f"override every model's {name}")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return parser
+
+
+def _write(out: Path, points: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    (out / "cost_models.json").write_text(json.dumps({"meta": meta, "points": points}, indent=1))
+    (out / "cost_models.md").write_text(markdown(points, meta))
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
@@ -221,17 +227,11 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         raise SystemExit("--device cuda: no CUDA device here")
     budgets = [float(b) for b in args.budgets.split(",") if b.strip()]
     rounds, warmup = (5, 1) if args.quick else (args.rounds, args.warmup)
+    time_limit = min(args.time_limit, 10.0) if args.quick else args.time_limit
     budgets = budgets[:1] if args.quick else budgets
     torch.set_num_threads(args.threads or (1 if args.device == "cpu" else torch.get_num_threads()))
     overrides = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "seq", "batch", "vocab")
                  if getattr(args, k) is not None}
-    points = []
-    for name in [m.strip() for m in args.models.split(",") if m.strip()]:
-        spec = replace(MODELS[args.device][name], **overrides)
-        work = build(spec, device=args.device, dtype=DTYPES[args.dtype])
-        for budget in budgets:
-            logger.info("%s at %s: planning with %s", spec.label, budget, ", ".join(COSTS))
-            points.append(run_point(work, budget, rounds, warmup, args.time_limit))
     meta = {
         "command": "python -m benchmarks.cost_models " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])),
         "torch": torch.__version__, "device": args.device, "dtype": args.dtype, "threads": torch.get_num_threads(),
@@ -239,10 +239,15 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
         "rounds": rounds, "warmup": warmup,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "cost_models.json").write_text(json.dumps({"meta": meta, "points": points}, indent=1))
-    text = markdown(points, meta)
-    (args.out / "cost_models.md").write_text(text)
-    print(text)
+    points: list[dict[str, Any]] = []
+    for name in [m.strip() for m in args.models.split(",") if m.strip()]:
+        spec = replace(MODELS[args.device][name], **overrides)
+        work = build(spec, device=args.device, dtype=DTYPES[args.dtype])
+        for budget in budgets:
+            logger.info("%s at %s: planning with %s", spec.label, budget, ", ".join(COSTS))
+            points.append(run_point(work, budget, rounds, warmup, time_limit))
+            _write(args.out, points, meta)  # after every point: a run cut short keeps what it measured
+    print(markdown(points, meta))
     return points
 
 

@@ -5,8 +5,11 @@ kernel, the shapes, the cache and the dispatcher. Here the joint graph's forward
 the step's real inputs (the tensors dynamo compiled the graph for: parameters, buffers, the
 batch), node by node, and each op is timed in isolation with enough repeats to beat the timer:
 a warm-up call gives the value the next nodes read, a calibration call sizes a block to about
-``BLOCK_SECONDS``, and the op's time is the median of ``BLOCKS`` blocks per call (wall clock
-on the CPU; CUDA events between synchronizations on a GPU). Views and ``getitem`` cost 0, as in
+``BLOCK_SECONDS``, and the op's time is the fastest of ``BLOCKS`` blocks per call (wall clock
+on the CPU; CUDA events between synchronizations on a GPU): timeit's rule, as slower blocks
+measure other processes, not the op, and on a shared machine the median moved plans between runs.
+An op runs with its inputs in cache, as it rarely does when backward recomputes it: measured
+prices are a lower bound (benchmarks/RESULTS.md, "Cost models", compares them with real steps). Views and ``getitem`` cost 0, as in
 the roofline; a dropout output that backward rebuilds from its mask is priced as that rebuild
 (``input * mask * scale``). Collectives are not run (one rank alone would wait forever): their
 outputs are stand-ins and their price stays the link model's.
@@ -24,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import operator
-import statistics
 import time
 from typing import Any, Callable, Iterable, Iterator
 
@@ -39,7 +41,7 @@ from .dropout_replay import dropout_replay_sources, order_dropout_masks, replay
 
 logger = logging.getLogger(__name__)
 
-BLOCKS = 5  # timed blocks per op; the median is kept
+BLOCKS = 5  # timed blocks per op; the fastest is kept
 BLOCK_SECONDS = 4e-4  # about this long per block (a dispatch is ~5 us, perf_counter ~0.1 us)
 MAX_CALLS = 200  # calls per block at most
 
@@ -120,6 +122,8 @@ def _checked(node: fx.Node, value: Any) -> Any:
 def _device_of(values: Iterable[Any]) -> torch.device:
     for value in values:
         if isinstance(value, torch.Tensor) and value.device.type != "cpu":
+            if value.device.type != "cuda":
+                raise Unmeasurable(f"op timing supports CPU and CUDA tensors, not {value.device.type}")
             return value.device
     return torch.device("cpu")
 
@@ -134,6 +138,8 @@ def isolated(device: torch.device) -> Iterator[None]:
         stack.enter_context(torch.random.fork_rng(devices=[device] if device.type == "cuda" else []))
         for kind in {"cpu", device.type}:
             stack.enter_context(torch.autocast(kind, enabled=False))
+        if device.type == "cuda":  # events and synchronize act on the current device: make it the step's
+            stack.enter_context(torch.cuda.device(device))
         yield
 
 
@@ -183,7 +189,7 @@ def _replay_seconds(node: fx.Node, sources: tuple[fx.Node, fx.Node], env: dict[f
 def _seconds_per_call(call: Callable[[], Any], device: torch.device) -> float:
     clock = _cuda_block if device.type == "cuda" else _cpu_block
     calls = max(1, min(MAX_CALLS, int(BLOCK_SECONDS / max(clock(call, 1), 1e-9))))
-    return statistics.median(clock(call, calls) / calls for _ in range(BLOCKS))
+    return min(clock(call, calls) / calls for _ in range(BLOCKS))
 
 
 def _cpu_block(call: Callable[[], Any], calls: int) -> float:
