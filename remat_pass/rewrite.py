@@ -13,16 +13,19 @@ seeds), which changes between torch releases; we only choose what is saved and r
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 from torch import fx
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._pytree import tree_flatten, tree_map
 
 from remat_pass.solvers.problem import Plan
 
 from . import offload
 from .annotate import AnnotatedGraph
 from .dropout_replay import dropout_replay_sources, replay_scale
-from .compat import extract_fwd_bwd_modules, is_symbolic
+from .compat import extract_fwd_bwd_modules, is_fake, is_symbolic
 from .errors import RematError
 
 logger = logging.getLogger(__name__)
@@ -38,12 +41,16 @@ def rewrite(annotated: AnnotatedGraph, plan: Plan) -> tuple[fx.GraphModule, fx.G
     saved_values, saved_symbols = _saved_nodes(annotated, plan, nodes)
     saved_values += offload.saved_bases(annotated.problem, plan, nodes)
     recomputed_names = {nodes[i].name for i in plan.recomputed} | offload.rebuilt_views(annotated.problem, plan, nodes)
-    recomputed_names |= _replay_dropouts(module.graph, nodes, plan)
+    refreshed_names = {nodes[i].name for i in plan.refreshed}
+    for name, rebuilt in _replay_dropouts(module.graph, nodes, plan).items():
+        recomputed_names |= rebuilt
+        if name in refreshed_names:
+            refreshed_names |= rebuilt
     forward, backward = extract_fwd_bwd_modules(module, saved_values, saved_symbols, joint.num_fwd_outputs,
                                                 joint.partition_kwargs.get("static_lifetime_input_indices"))
     _drop_unused_forward_copies(backward.graph, annotated, recomputed_names)
     _check_recomputation(backward, annotated, recomputed_names)
-    _schedule_just_in_time(backward.graph, recomputed_names)
+    _schedule_just_in_time(backward.graph, recomputed_names, frozenset(refreshed_names))
     if plan.offloaded:
         steps = offload.backward_step_names(joint.module.graph)
         offload.emit(forward, backward, annotated.problem, plan, nodes, steps)
@@ -63,14 +70,15 @@ def _copy_module(module: fx.GraphModule) -> tuple[fx.GraphModule, dict[fx.Node, 
     return fx.GraphModule(module, graph), copies
 
 
-def _replay_dropouts(graph: fx.Graph, nodes: list[fx.Node], plan: Plan) -> set[str]:
+def _replay_dropouts(graph: fx.Graph, nodes: list[fx.Node], plan: Plan) -> dict[str, set[str]]:
     """Replace each recomputed dropout output by ``input * mask * scale`` in the joint graph.
 
     The dropout op still runs once in forward, for its mask; every reader of its output,
     in forward and in backward, reads the rebuilt product instead, so backward can redo it
-    from the kept mask without drawing random numbers. Returns the new nodes' names.
+    from the kept mask without drawing random numbers (each time: a refreshed one is rebuilt in
+    every step that needs it, from the same mask). Returns the new nodes' names per dropout output.
     """
-    names: set[str] = set()
+    names: dict[str, set[str]] = {}
     for i in sorted(plan.recomputed):
         output = nodes[i]
         sources = dropout_replay_sources(output)
@@ -93,7 +101,7 @@ def _replay_dropouts(graph: fx.Graph, nodes: list[fx.Node], plan: Plan) -> set[s
             node.meta.update(meta, val=fresh)
         output.replace_all_uses_with(rebuilt)
         graph.erase_node(output)
-        names |= {masked.name, rebuilt.name}
+        names[output.name] = {masked.name, rebuilt.name}
     return names
 
 
@@ -137,31 +145,59 @@ def _check_recomputation(backward: fx.GraphModule, annotated: AnnotatedGraph, re
         )
 
 
-def _schedule_just_in_time(graph: fx.Graph, recomputed_names: set[str]) -> None:
+def _schedule_just_in_time(graph: fx.Graph, recomputed_names: set[str], refreshed_names: frozenset[str] = frozenset()) -> None:
     """Move each recomputed node to just before the first backward node that needs it.
 
     Backward's own nodes keep their order; a recomputed node is emitted (with its recomputed
-    inputs, depth first) only when a consumer is about to run.
+    inputs, depth first) only when a consumer is about to run. A refreshed node (multiple
+    recomputation, ``Plan.refreshed``) is emitted afresh for every backward node that needs it,
+    directly or through other recomputed nodes, and that node reads its own copy, so FX frees
+    each copy after the step; so are backward views of a refreshed node, which the plan's
+    model counts as reads of the refreshed value itself.
     """
     nodes = list(graph.nodes)
     is_recompute = {node: node.name in recomputed_names for node in nodes}
+    per_step = {node for node in nodes if node.name in refreshed_names}
+    for node in nodes:  # backward views of a refreshed tensor travel with it
+        if not is_recompute[node] and node.op == "call_function" and any(
+                source in per_step and _aliases(node, source) for source in node.all_input_nodes):
+            per_step.add(node)
     order: list[fx.Node] = []
     placed: set[fx.Node] = set()
+    used: set[fx.Node] = set()  # per-step nodes whose original has been emitted once
 
     def place(root: fx.Node) -> None:
+        batch: dict[fx.Node, fx.Node] = {}  # per-step node -> the instance this root's batch uses
         stack = [(root, False)]
         while stack:
             node, inputs_done = stack.pop()
-            if node in placed:
+            copied = node in per_step and node is not root
+            if (node in batch) if copied else (node in placed):
                 continue
-            if inputs_done:
+            if not inputs_done:
+                stack.append((node, True))
+                for source in reversed(node.all_input_nodes):
+                    if (source in per_step and source not in batch) or (
+                            source not in per_step and source not in placed and is_recompute.get(source, False)):
+                        stack.append((source, False))
+                continue
+            instance = node
+            if copied and node in used:
+                instance = graph.node_copy(node, lambda n: batch.get(n, n))
+                instance.meta["val"] = _fresh_value(instance)
+            else:
+                rewired = [source for source in node.all_input_nodes if batch.get(source, source) is not source]
+                stale = any(_aliases(node, source) for source in rewired)
+                for source in rewired:
+                    node.replace_input_with(source, batch[source])
+                if stale:  # a view of a copy: its fake value must share the copy's storage
+                    node.meta["val"] = _fresh_value(node)
+                used.add(node)
+            if copied:
+                batch[node] = instance
+            else:
                 placed.add(node)
-                order.append(node)
-                continue
-            stack.append((node, True))
-            for source in reversed(node.all_input_nodes):
-                if source not in placed and is_recompute.get(source, False):
-                    stack.append((source, False))
+            order.append(instance)
 
     for node in nodes:
         if not is_recompute[node]:
@@ -171,5 +207,28 @@ def _schedule_just_in_time(graph: fx.Graph, recomputed_names: set[str]) -> None:
         if previous is not None and previous.next is not node:
             previous.append(node)
         previous = node
-    moved = sum(1 for a, b in zip(nodes, graph.nodes) if a is not b)
-    logger.debug("just-in-time schedule moved %d backward nodes", moved)
+    copies = len(order) - len(set(nodes) & set(order))
+    logger.debug("just-in-time schedule: %d backward nodes, %d copies of refreshed nodes", len(order), copies)
+
+
+def _aliases(node: fx.Node, source: fx.Node) -> bool:
+    """Whether ``node``'s output shares a storage with ``source``'s (a view of it)."""
+    outputs = [t for t in tree_flatten(node.meta.get("val"))[0] if isinstance(t, torch.Tensor)]
+    inputs = [t for t in tree_flatten(source.meta.get("val"))[0] if isinstance(t, torch.Tensor)]
+    try:
+        keys = {StorageWeakRef(t.untyped_storage()) for t in inputs}
+        return any(StorageWeakRef(t.untyped_storage()) in keys for t in outputs)
+    except (NotImplementedError, RuntimeError):
+        return False
+
+
+def _fresh_value(node: fx.Node) -> Any:
+    """The fake value of a copied node, from its own inputs' values: a copy of a view shares its
+    base copy's storage, anything else gets a storage of its own (the memory replay needs both)."""
+    val = node.meta.get("val")
+    fake = next((t for t in tree_flatten(val)[0] if is_fake(t)), None)
+    if fake is None:
+        return val
+    args, kwargs = tree_map(lambda a: a.meta.get("val") if isinstance(a, fx.Node) else a, (node.args, node.kwargs))
+    with fake.fake_mode:
+        return node.target(*args, **kwargs)

@@ -17,7 +17,10 @@ its fetch until its last use; in between it is in host memory, which is not coun
 
 A recomputed value is materialized once and then held: recomputing a long chain for an early
 backward step keeps the whole chain alive until its values' own last uses. That is why a plan
-that keeps fewer bytes can peak higher, and why the peak-aware planner checks plans here.
+that keeps fewer bytes can peak higher, and why the peak-aware planner checks plans here. A
+*refreshed* recomputed value (``Plan.refreshed``, multiple recomputation) is not held: it is
+made again in each backward step that needs it and freed at that step's end, for its
+recompute time once per such step (``materializations``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,11 @@ class PlanMemory:
     peak_index: int
     forward_live: tuple[int, ...]
     backward_live: tuple[int, ...]
+    backward_event_steps: tuple[int, ...] = ()  # the backward step of each ``backward_live`` entry
+
+    def step_peak(self, step: int) -> int:
+        """The most live bytes while backward step ``step`` runs (its materializations included)."""
+        return max((live for live, at in zip(self.backward_live, self.backward_event_steps) if at == step), default=0)
 
     @property
     def forward_peak(self) -> int:
@@ -128,30 +136,66 @@ class _Event:
     value: int | None  # the value materialized; None for the step's own op
 
 
-def _backward_events(problem: Problem, plan: Plan) -> tuple[list[_Event], dict[int, int], dict[int, int]]:
-    """Events in run order, each value's materialization event and its last-use event.
+@dataclass(frozen=True)
+class Lifetime:
+    """One tensor of ``value`` in backward: alive from event ``begin`` (-1: from the forward)
+    through event ``end``. A refreshed value has one per backward step that materializes it."""
+
+    value: int
+    begin: int
+    end: int
+    copy: bool = False  # a refreshed value's copy, made and freed within one step
+
+
+def backward_lifetimes(problem: Problem, plan: Plan) -> tuple[list[_Event], list[Lifetime]]:
+    """Events in run order and every backward lifetime of the values backward uses.
 
     Before step ``i`` runs, every recomputed value it needs (directly or through other
     recomputed values) is materialized, inputs first; a value used only by such
-    materializations dies before step ``i`` itself runs.
+    materializations dies before step ``i`` itself runs. A held recomputed value is made once
+    and lives until its last use; a refreshed one (``Plan.refreshed``) is made again in every
+    step that needs it and freed at the end of that step.
     """
     values = problem.values
     events: list[_Event] = []
-    materialized: dict[int, int] = {}
-    last_use: dict[int, int] = {}
+    held: dict[int, int] = {}
+    open_: dict[int, list[int]] = {}  # value -> [begin, end] of its current tensor
+    lifetimes: list[Lifetime] = []
     for step_index, step in enumerate(backward_steps_of(problem)):
-        for v in _needed_in_order(problem, plan, step.reads, materialized):
-            materialized[v] = len(events)
+        fresh: list[int] = []
+        for v in _needed_in_order(problem, plan, step.reads, held):
+            at = len(events)
             events.append(_Event(step_index, v))
+            if v in plan.refreshed:
+                fresh.append(v)
+            else:
+                held[v] = at
+            open_[v] = [at, at]
             for u in values[v].inputs:
                 if not values[u].available:
-                    last_use[u] = materialized[v]
+                    open_.setdefault(u, [-1, at])[1] = at
         op = len(events)
         events.append(_Event(step_index, None))
         for v in step.reads:
             if not values[v].available:
-                last_use[v] = op
-    return events, materialized, last_use
+                open_.setdefault(v, [-1, op])[1] = op
+        for v in fresh:
+            begin, end = open_.pop(v)
+            lifetimes.append(Lifetime(v, begin, end, copy=True))
+    lifetimes += [Lifetime(v, begin, end) for v, (begin, end) in open_.items()]
+    return events, lifetimes
+
+
+def materializations(problem: Problem, plan: Plan) -> dict[int, int]:
+    """How many times backward makes each recomputed value: once, or (refreshed) once per step
+    that needs it; a refreshed value no step needs is made 0 times."""
+    counts = {v: 1 for v in plan.recomputed if v not in plan.refreshed}
+    if plan.refreshed:
+        counts.update({v: 0 for v in plan.refreshed})
+        for lifetime in backward_lifetimes(problem, plan)[1]:
+            if lifetime.copy:
+                counts[lifetime.value] += 1
+    return counts
 
 
 def _needed_in_order(problem: Problem, plan: Plan, reads: tuple[int, ...], done: dict[int, int]) -> list[int]:
@@ -171,7 +215,7 @@ def _needed_in_order(problem: Problem, plan: Plan, reads: tuple[int, ...], done:
 def simulate_plan(problem: Problem, plan: Plan) -> PlanMemory:
     """Simulate the step's activation memory under ``plan`` (bytes, storages counted once)."""
     forward_live, survivors = _forward_live(problem, plan)
-    events, materialized, last_use = _backward_events(problem, plan)
+    events, lifetimes = backward_lifetimes(problem, plan)
     values = problem.values
     # The step's outputs live until it ends (the caller holds them), kept for backward or not:
     # freeing a kept output after its last backward use would let keeping it lower the peak.
@@ -180,18 +224,23 @@ def simulate_plan(problem: Problem, plan: Plan) -> PlanMemory:
     first_event = {}
     for index, event in enumerate(events):
         first_event.setdefault(event.step, index)
-    intervals: dict[int | tuple[str, int], tuple[int, int]] = {}
-    for v, last in last_use.items():
-        storage: int | tuple[str, int] = values[v].storage
+    intervals: dict[int | tuple[str, int, int], tuple[int, int]] = {}
+    for lifetime in lifetimes:
+        v = lifetime.value
+        storage: int | tuple[str, int, int] = values[v].storage
         if problem.storage_bytes[values[v].storage] == 0:
             continue
-        if storage in pinned:
+        if lifetime.copy:  # views of one refreshed storage made in one step are one tensor
+            storage = ("fresh", values[v].storage, events[lifetime.begin].step)
+        elif storage in pinned:
             if v not in plan.recomputed:
                 continue
-            storage = ("copy", values[v].storage)  # recomputing an output makes a second tensor
-        begin = materialized.get(v, first_event[fetched_at[storage]] if storage in fetched_at else -1)
+            storage = ("copy", values[v].storage, 0)  # recomputing an output makes a second tensor
+        begin = lifetime.begin
+        if begin < 0 and storage in fetched_at:
+            begin = first_event[fetched_at[storage]]
         old = intervals.get(storage)
-        intervals[storage] = (begin, last) if old is None else (min(old[0], begin), max(old[1], last))
+        intervals[storage] = (begin, lifetime.end) if old is None else (min(old[0], begin), max(old[1], lifetime.end))
     delta = [0] * (len(events) + 2)
     for storage, (begin, last) in intervals.items():
         nbytes = problem.storage_bytes[storage[1] if isinstance(storage, tuple) else storage]
@@ -214,7 +263,8 @@ def simulate_plan(problem: Problem, plan: Plan) -> PlanMemory:
         phase, index, peak = "backward", backward_live.index(backward_peak), backward_peak
     else:
         phase, index, peak = "forward", forward_live.index(forward_peak) if forward_live else 0, forward_peak
-    return PlanMemory(peak, phase, index, tuple(forward_live), tuple(backward_live))
+    return PlanMemory(peak, phase, index, tuple(forward_live), tuple(backward_live),
+                      tuple(event.step for event in events))
 
 
 def read_spans(problem: Problem) -> tuple[dict[int, int], dict[int, int]]:

@@ -37,7 +37,7 @@ import bisect
 from dataclasses import dataclass
 
 from ._graph import effectively_recomputable, relevant_values
-from .memory import _backward_events, _forward_computed, backward_steps_of, read_spans
+from .memory import _forward_computed, backward_lifetimes, backward_steps_of, read_spans
 from .problem import TAG_MUTATION, TAG_VIEW, Plan, Problem
 
 
@@ -151,7 +151,7 @@ class Transfer:
     ``wait_after``: the forward value after whose op the send's wait runs (the device bytes
     are freed there). ``reload_step``: the backward step at whose start the fetch is issued
     (its device buffer is allocated there). ``need_event``: the backward event
-    (``memory._backward_events``) that first reads the storage; the fetch's wait runs just
+    (``memory.backward_lifetimes``) that first reads the storage; the fetch's wait runs just
     before it. Times in seconds from the start of forward / backward.
     """
 
@@ -236,7 +236,7 @@ def _backward_fetches(problem: Problem, plan: Plan, storages: list[int],
     """(reload_step, need_event, start, end, need_time) per storage, and backward's exposed time."""
     values = problem.values
     steps = backward_steps_of(problem)
-    events, _, _ = _backward_events(problem, plan)
+    events, _ = backward_lifetimes(problem, plan)
     offloaded = set(storages)
     need: dict[int, tuple[int, float]] = {}
     step_start: dict[int, float] = {}

@@ -34,8 +34,9 @@ from ._mip import fraction, resolve_backend, run_mip
 from ._model import Model, build, plan_from, rounding_for, time_weights, weights_for
 from ._run import solve_once
 from .errors import BudgetInfeasibleError
-from .memory import PlanMemory, _backward_events, backward_steps_of, read_spans, simulate_plan
+from .memory import PlanMemory, backward_lifetimes, backward_steps_of, read_spans, simulate_plan
 from .peak_rows import PeakRows, cuts_at
+from .refresh import refresh_to_fit
 from .problem import Plan, Problem
 from .registry import Decision, planner
 from .status import DEFAULT_TIME_LIMIT, BudgetKind, Status, relative_gap
@@ -48,6 +49,8 @@ CUT_ROUNDS = 12
 # Saved-bytes caps (fractions of keep-all) probed when a search finds nothing that fits.
 PROBE_FRACTIONS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7)
 PROBE_TIME_LIMIT = 30.0
+# Multiple recomputation of overshooting plans may run this share of the time limit past it.
+REFRESH_SHARE = 0.2
 # A plan this close (relative) to the proven lower bound is called optimal.
 PROVEN_GAP = 1e-6
 
@@ -123,14 +126,13 @@ def _alive_at_peak(problem: Problem, plan: Plan, memory: PlanMemory) -> tuple[in
     """The backward step of the peak, the plan's storages alive then, and the working bytes."""
     if memory.peak_phase != "backward":
         return None, set(), 0
-    events, materialized, last_use = _backward_events(problem, plan)
+    events, lifetimes = backward_lifetimes(problem, plan)
     at = memory.peak_index
     values = problem.values
     alive = set()
-    for v, last in last_use.items():
-        begin = materialized.get(v, -1)
-        if begin <= at <= last and problem.storage_bytes[values[v].storage] > 0:
-            alive.add(values[v].storage)
+    for lifetime in lifetimes:
+        if lifetime.begin <= at <= lifetime.end and problem.storage_bytes[values[lifetime.value].storage] > 0:
+            alive.add(values[lifetime.value].storage)
     step = events[at].step
     working = backward_steps_of(problem)[step].working_bytes
     return step, alive, working
@@ -181,10 +183,12 @@ def solve_peak(
     bound: float | None = None
     if cap_solver == "ilp":
         bound = search.with_step_rows(CUT_ROUNDS)
+
     if search._left() > 0.1:  # the saved-bytes-cap search finds other plans: keep the best of both
         search.over_saved_cap(keep_all_memory)
         if search.overshooting_cap is not None and cap_solver == "ilp":
             search.with_peak_rows(search.overshooting_cap, rounds)
+    search.refresh_cheaper(budget_bytes, began + time_limit * (1 + REFRESH_SHARE))
     fitting = [c for c in search.candidates if c.memory.peak_bytes <= budget_bytes]
     if not fitting:
         # The stated minimum must itself work when tried, so it comes from a fixed probe of
@@ -195,6 +199,8 @@ def solve_peak(
             lowest = min(c.memory.peak_bytes for c in probes)
             raise BudgetInfeasibleError(budget_bytes, lowest, keep_all_memory.peak_bytes, kind="peak")
     best = min(fitting, key=lambda c: (c.plan.predicted_extra_seconds, c.memory.peak_bytes, c.plan.kept_bytes))
+    if best.plan.refreshed:  # the rows' bound holds each recomputed value across its reads: not for this plan
+        bound = None
     gap = relative_gap(best.plan.predicted_extra_seconds, bound)
     if gap is not None and gap <= PROVEN_GAP:
         return _finish(best.plan, best.memory, Status.OPTIMAL, 0.0)
@@ -315,9 +321,15 @@ class _Search:
         bound = outcome.bound * unit if outcome.bound is not None else None
         if outcome.plan is not None:
             self._add(outcome.plan)
+        self._rounds(rounds, self._left() / 2)  # the cap search and its rounds get the rest
+        return bound
+
+    def _rounds(self, rounds: int, reserve: float) -> None:
+        """ILP plans under the conservative peak rows, tightened by cuts or a margin while they
+        overshoot."""
+        problem, rounding = self.problem, rounding_for(self.problem)
         margin, cuts = 0, set()
         weights = weights_for(problem)
-        reserve = self._left() / 2  # the cap search and its rounds get the rest
         for round_index in range(rounds):
             if self._left() <= max(reserve, 0.1):
                 break
@@ -338,7 +350,29 @@ class _Search:
                 cuts |= new
             else:  # nothing valid explains the excess: ask the rows for that much more room
                 margin += candidate.memory.peak_bytes - self.budget
-        return bound
+
+    def refresh_cheaper(self, budget: int, deadline: float) -> None:
+        """Multiple recomputation (``solvers.refresh``) on the plans that overshoot, cheapest
+        first, while they are cheaper than the best plan that fits."""
+        fitting = [c.plan.predicted_extra_seconds for c in self.candidates if c.memory.peak_bytes <= budget]
+        best = min(fitting, default=float("inf"))
+        over = sorted((c for c in self.candidates if c.memory.peak_bytes > budget),
+                      key=lambda c: c.plan.predicted_extra_seconds)
+        tried: set[tuple[frozenset[int], frozenset[int]]] = set()
+        for candidate in over:
+            plan = candidate.plan
+            if plan.predicted_extra_seconds >= best or time.perf_counter() > deadline:
+                break
+            if (plan.kept, plan.recomputed) in tried or plan.offloaded:
+                continue
+            tried.add((plan.kept, plan.recomputed))
+            found = refresh_to_fit(self.problem, plan, budget, deadline, candidate.memory)
+            if found is not None:
+                refreshed = _Candidate(*found)
+                self.candidates.append(refreshed)
+                best = min(best, refreshed.plan.predicted_extra_seconds)
+                logger.debug("ilp_peak: refreshing %d values fits a plan of %.3g s", len(refreshed.plan.refreshed),
+                             refreshed.plan.predicted_extra_seconds)
 
     def _add(self, plan: Plan) -> _Candidate:
         candidate = _Candidate(plan, simulate_plan(self.problem, plan))

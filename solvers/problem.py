@@ -26,6 +26,7 @@ storage
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -167,6 +168,7 @@ class Plan:
     predicted_peak_bytes: int | None = None
     offloaded: frozenset[int] = frozenset()
     host_budget_bytes: int | None = None
+    refreshed: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         # Plain strings are accepted (a plan read back from JSON); an unknown one is a ValueError.
@@ -187,6 +189,7 @@ class Plan:
             if not values[i].recomputable:
                 raise ValueError(f"{values[i].name!r} is recomputed but must not be (random op or side effect)")
         self._check_offloaded()
+        self._check_refreshed()
         have = self.kept | self.recomputed | self.offloaded
         needed = set(self.problem.backward_reads)
         for i in self.recomputed:
@@ -208,6 +211,29 @@ class Plan:
                              "(a storage is offloaded once, with all its views)")
         if self.offloaded and self.problem.host_bytes_per_second <= 0:
             raise ValueError(f"offloaded values on device {self.problem.device!r}, which has no host link")
+
+    def _check_refreshed(self) -> None:
+        """A refreshed storage is one tensor per step: every value of it that backward has is a
+        refreshed recomputation (none kept, offloaded or returned by the forward)."""
+        if not self.refreshed:
+            return
+        values = self.problem.values
+        if not self.refreshed <= self.recomputed:
+            raise ValueError(f"refreshed values that are not recomputed: "
+                             f"{sorted(values[i].name for i in self.refreshed - self.recomputed)[:10]}")
+        storages = {values[i].storage for i in self.refreshed}
+        returned = {values[i].storage for i in self.problem.forward_outputs}
+        for i in self.kept | self.offloaded | (self.recomputed - self.refreshed):
+            if values[i].storage in storages:
+                raise ValueError(f"{values[i].name!r} shares a storage with a refreshed value but is not refreshed")
+        if storages & returned:
+            raise ValueError("a refreshed value shares a storage with a forward output")
+
+    @functools.cached_property
+    def _materializations(self) -> dict[int, int]:
+        from .memory import materializations
+
+        return materializations(self.problem, self)
 
     @property
     def kept_bytes(self) -> int:
@@ -250,12 +276,18 @@ class Plan:
 
     @property
     def recompute_seconds(self) -> float:
-        """Predicted extra time in backward."""
-        return sum(self.problem.values[i].recompute_seconds for i in self.recomputed)
+        """Predicted extra time in backward (a refreshed value once per time it is made)."""
+        values = self.problem.values
+        if not self.refreshed:
+            return sum(values[i].recompute_seconds for i in self.recomputed)
+        return sum(values[i].recompute_seconds * n for i, n in self._materializations.items())
 
     @property
     def recompute_flops(self) -> int:
-        return sum(self.problem.values[i].flops for i in self.recomputed)
+        values = self.problem.values
+        if not self.refreshed:
+            return sum(values[i].flops for i in self.recomputed)
+        return sum(values[i].flops * n for i, n in self._materializations.items())
 
     def with_budget(self, budget_bytes: int | None) -> "Plan":
         return dataclasses.replace(self, budget_bytes=budget_bytes)
@@ -273,6 +305,10 @@ class Plan:
             f"  recomputed      {len(self.recomputed)} values, {self.recompute_flops / 1e6:.2f} MFLOP, "
             f"~{self.recompute_seconds * 1e3:.3f} ms estimated",
         ]
+        if self.refreshed:
+            again = sum(n - 1 for i, n in self._materializations.items() if i in self.refreshed and n > 1)
+            lines.append(f"  recomputed again {len(self.refreshed)} values made per backward step that needs them "
+                         f"({again} extra times) instead of held")
         if self.offloaded:
             lines.append(f"  offloaded       {format_bytes(self.offloaded_bytes)} to host memory in {len(self.offloaded)} "
                          f"values, ~{self.exposed_transfer_seconds * 1e3:.3f} ms of transfer not hidden by compute")
@@ -349,6 +385,7 @@ class Plan:
             "kept": [entry(i) for i in sorted(self.kept)],
             "recomputed": [entry(i) for i in sorted(self.recomputed)],
             "offloaded": [entry(i) for i in sorted(self.offloaded)],
+            "refreshed": [entry(i) | {"times": self._materializations[i]} for i in sorted(self.refreshed)],
             "per_module": [dataclasses.asdict(row) for row in self.per_module(depth)],
         }
 

@@ -47,11 +47,13 @@ class Decision:
     predicted_peak_bytes: int | None = None
     offloaded: frozenset[int] = frozenset()
     host_budget_bytes: int | None = None
+    refreshed: frozenset[int] = frozenset()
 
     @classmethod
     def of(cls, plan: Plan, status: Status, gap: float | None, **fields: object) -> Decision:
         fields.setdefault("offloaded", plan.offloaded)
         fields.setdefault("host_budget_bytes", plan.host_budget_bytes)
+        fields.setdefault("refreshed", plan.refreshed)
         return cls(kept=plan.kept, recomputed=plan.recomputed, status=Status(status), gap=gap, **fields)
 
 
@@ -125,7 +127,8 @@ def _stamp(problem: Problem, info: SolverInfo, decision: Decision, budget: int |
     plan = Plan(problem=problem, kept=decision.kept, recomputed=decision.recomputed, solver=solver,
                 status=Status(decision.status), gap=decision.gap, solve_seconds=seconds, budget_bytes=budget,
                 budget_kind=info.bounds or BudgetKind.SAVED, predicted_peak_bytes=decision.predicted_peak_bytes,
-                offloaded=decision.offloaded, host_budget_bytes=decision.host_budget_bytes)
+                offloaded=decision.offloaded, host_budget_bytes=decision.host_budget_bytes,
+                refreshed=decision.refreshed)
     if budget is not None and info.bounds is not None:
         used = plan.kept_bytes if info.bounds is BudgetKind.SAVED else plan.predicted_peak_bytes
         if used is not None and used > budget:
