@@ -213,24 +213,16 @@ class Plan:
             raise ValueError(f"offloaded values on device {self.problem.device!r}, which has no host link")
 
     def _check_refreshed(self) -> None:
-        """A refreshed storage is one tensor per step: every value of it that backward has is a
-        refreshed recomputation (none kept, offloaded or returned by the forward)."""
-        if not self.refreshed:
-            return
-        values = self.problem.values
-        if not self.refreshed <= self.recomputed:
-            raise ValueError(f"refreshed values that are not recomputed: "
-                             f"{sorted(values[i].name for i in self.refreshed - self.recomputed)[:10]}")
-        storages = {values[i].storage for i in self.refreshed}
-        returned = {values[i].storage for i in self.problem.forward_outputs}
-        for i in self.kept | self.offloaded | (self.recomputed - self.refreshed):
-            if values[i].storage in storages:
-                raise ValueError(f"{values[i].name!r} shares a storage with a refreshed value but is not refreshed")
-        if storages & returned:
-            raise ValueError("a refreshed value shares a storage with a forward output")
+        if self.refreshed:
+            from .refresh import check_refreshed
+
+            check_refreshed(self)
 
     @functools.cached_property
     def _materializations(self) -> dict[int, int]:
+        """How many times backward makes each recomputed value (``memory.materializations``)."""
+        if not self.refreshed:
+            return dict.fromkeys(self.recomputed, 1)
         from .memory import materializations
 
         return materializations(self.problem, self)
@@ -277,17 +269,11 @@ class Plan:
     @property
     def recompute_seconds(self) -> float:
         """Predicted extra time in backward (a refreshed value once per time it is made)."""
-        values = self.problem.values
-        if not self.refreshed:
-            return sum(values[i].recompute_seconds for i in self.recomputed)
-        return sum(values[i].recompute_seconds * n for i, n in self._materializations.items())
+        return sum(self.problem.values[i].recompute_seconds * n for i, n in self._materializations.items())
 
     @property
     def recompute_flops(self) -> int:
-        values = self.problem.values
-        if not self.refreshed:
-            return sum(values[i].flops for i in self.recomputed)
-        return sum(values[i].flops * n for i, n in self._materializations.items())
+        return sum(self.problem.values[i].flops * n for i, n in self._materializations.items())
 
     def with_budget(self, budget_bytes: int | None) -> "Plan":
         return dataclasses.replace(self, budget_bytes=budget_bytes)

@@ -29,6 +29,21 @@ logger = logging.getLogger(__name__)
 MAX_REFRESHES = 64
 
 
+def check_refreshed(plan: Plan) -> None:
+    """Raise ValueError unless every refreshed storage is one tensor per step: every value of
+    it that backward has is a refreshed recomputation (none kept, offloaded or returned)."""
+    values = plan.problem.values
+    if not plan.refreshed <= plan.recomputed:
+        raise ValueError(f"refreshed values that are not recomputed: "
+                         f"{sorted(values[i].name for i in plan.refreshed - plan.recomputed)[:10]}")
+    storages = {values[i].storage for i in plan.refreshed}
+    for i in plan.kept | plan.offloaded | (plan.recomputed - plan.refreshed):
+        if values[i].storage in storages:
+            raise ValueError(f"{values[i].name!r} shares a storage with a refreshed value but is not refreshed")
+    if storages & {values[i].storage for i in plan.problem.forward_outputs}:
+        raise ValueError("a refreshed value shares a storage with a forward output")
+
+
 def refreshable_storages(problem: Problem, plan: Plan) -> dict[int, frozenset[int]]:
     """Storages a refresh may cover, each with its recomputed values: every value of the
     storage that the plan has in backward is recomputed (none kept or offloaded), no forward
