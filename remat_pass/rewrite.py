@@ -50,6 +50,7 @@ def rewrite(annotated: AnnotatedGraph, plan: Plan) -> tuple[fx.GraphModule, fx.G
                                                 joint.partition_kwargs.get("static_lifetime_input_indices"))
     _drop_unused_forward_copies(backward.graph, annotated, recomputed_names)
     _check_recomputation(backward, annotated, recomputed_names)
+    _own_fake_values(backward.graph, recomputed_names)
     _schedule_just_in_time(backward.graph, recomputed_names, frozenset(refreshed_names))
     if plan.offloaded:
         steps = offload.backward_step_names(joint.module.graph)
@@ -211,10 +212,38 @@ def _schedule_just_in_time(graph: fx.Graph, recomputed_names: set[str], refreshe
     logger.debug("just-in-time schedule: %d backward nodes, %d copies of refreshed nodes", len(order), copies)
 
 
+def _own_fake_values(graph: fx.Graph, recomputed_names: set[str]) -> None:
+    """Give each recomputed node (and each backward view of one) a fake value of its own.
+
+    Extraction copies a recomputed node with the fake value traced in forward, so the memory
+    replay would take the recomputed tensor for the forward one: for free when that storage is
+    kept through another value (a kept view of a softmax while the softmax is recomputed),
+    though backward then really holds two. Values are rebuilt from the inputs' values in
+    graph order, so views stay views of what they view."""
+    traced: dict[fx.Node, Any] = {}  # the replaced values, to tell views of them
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        stale = any(source in traced and _shares_storage(node.meta.get("val"), traced[source])
+                    for source in node.all_input_nodes)
+        if node.name in recomputed_names or stale:
+            old = node.meta.get("val")
+            try:
+                node.meta["val"] = _fresh_value(node)
+            except Exception as error:  # an op fake tensors cannot run: keep the traced value
+                logger.debug("no fresh fake value for %s: %s", node.format_node(), error)
+                continue
+            traced[node] = old
+
+
 def _aliases(node: fx.Node, source: fx.Node) -> bool:
     """Whether ``node``'s output shares a storage with ``source``'s (a view of it)."""
-    outputs = [t for t in tree_flatten(node.meta.get("val"))[0] if isinstance(t, torch.Tensor)]
-    inputs = [t for t in tree_flatten(source.meta.get("val"))[0] if isinstance(t, torch.Tensor)]
+    return _shares_storage(node.meta.get("val"), source.meta.get("val"))
+
+
+def _shares_storage(value: Any, other: Any) -> bool:
+    outputs = [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
+    inputs = [t for t in tree_flatten(other)[0] if isinstance(t, torch.Tensor)]
     try:
         keys = {StorageWeakRef(t.untyped_storage()) for t in inputs}
         return any(StorageWeakRef(t.untyped_storage()) in keys for t in outputs)

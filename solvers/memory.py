@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .problem import TAG_DROPOUT_REPLAY, BackwardStep, Plan, Problem
+from .problem import TAG_DROPOUT_REPLAY, TAG_VIEW, BackwardStep, Plan, Problem
 
 
 @dataclass(frozen=True)
@@ -224,6 +224,7 @@ def simulate_plan(problem: Problem, plan: Plan) -> PlanMemory:
     first_event = {}
     for index, event in enumerate(events):
         first_event.setdefault(event.step, index)
+    copies = second_tensors(problem, plan, pinned)
     intervals: dict[int | tuple[str, int, int], tuple[int, int]] = {}
     for lifetime in lifetimes:
         v = lifetime.value
@@ -232,10 +233,10 @@ def simulate_plan(problem: Problem, plan: Plan) -> PlanMemory:
             continue
         if lifetime.copy:  # views of one refreshed storage made in one step are one tensor
             storage = ("fresh", values[v].storage, events[lifetime.begin].step)
+        elif v in copies:
+            storage = ("copy", values[v].storage, 0)
         elif storage in pinned:
-            if v not in plan.recomputed:
-                continue
-            storage = ("copy", values[v].storage, 0)  # recomputing an output makes a second tensor
+            continue  # counted to the end
         begin = lifetime.begin
         if begin < 0 and storage in fetched_at:
             begin = first_event[fetched_at[storage]]
@@ -265,6 +266,24 @@ def simulate_plan(problem: Problem, plan: Plan) -> PlanMemory:
         phase, index, peak = "forward", forward_live.index(forward_peak) if forward_live else 0, forward_peak
     return PlanMemory(peak, phase, index, tuple(forward_live), tuple(backward_live),
                       tuple(event.step for event in events))
+
+
+def second_tensors(problem: Problem, plan: Plan, pinned: set[int]) -> set[int]:
+    """Recomputed values that make a second tensor of a storage backward also has: a step
+    output (held to the end), or a storage kept or offloaded through another value (the kept
+    view of a softmax while the softmax itself is recomputed to rebuild a dropout). A view
+    recomputed from the held tensor is not one; a view of a second tensor is."""
+    values = problem.values
+    had = {values[i].storage for i in plan.kept | plan.offloaded} | pinned
+    found: set[int] = set()
+    for v in sorted(plan.recomputed):
+        value = values[v]
+        if value.storage not in had:
+            continue
+        same = [u for u in value.inputs if values[u].storage == value.storage]
+        if TAG_VIEW not in value.tags or not same or any(u in found for u in same):
+            found.add(v)
+    return found
 
 
 def read_spans(problem: Problem) -> tuple[dict[int, int], dict[int, int]]:

@@ -336,7 +336,8 @@ class _Search:
             outcome = solve_once(problem, None, rounding=rounding, weights=weights,
                                  time_limit=max(self._left() - reserve, 0.1), backend=self.backend, threads=self.threads,
                                  extension=PeakRows(problem, self.budget, rounding, margin, tuple(sorted(
-                                     cuts, key=lambda c: (c.step, c.storage, c.literals))), transients=True))
+                                     cuts, key=lambda c: (c.step, c.storage, c.literals))), transients=True,
+                                     kept_readers=True))
             if outcome.plan is None:
                 break
             candidate = self._add(outcome.plan)
