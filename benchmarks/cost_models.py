@@ -15,8 +15,9 @@ overhead over eager, measured with the variants interleaved (eager, roofline, fl
 eager, ... for ``--rounds`` rounds), each round's overhead the difference against that round's
 eager step (paired, so drift cancels), reported as median and interquartile range.
 
-Where the measured plan recomputes more FLOPs than the FLOP plan yet runs faster, the last
-lines say so with the paired rounds: in how many of them it was faster, and by how much.
+Where the measured plan recomputes more FLOPs than the FLOP plan, the last lines compare the two
+round by round: in how many rounds the measured plan's step was faster, by how much (median),
+and a one-sided sign test; "loses on FLOPs, wins on time" only where p < 0.05.
 
 Results: ``--out`` (default ``benchmarks/out/cost_models``) ``cost_models.json`` and ``.md``.
 """
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import platform
 import shlex
 import statistics
@@ -180,12 +182,20 @@ def markdown(points: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         if duel["same_plan"]:
             verdict = "the same plan"
         else:
+            faster, rounds = duel["measure_faster_rounds"], duel["rounds"]
+            p_value = sign_test(faster, rounds)
             verdict = (f"{duel['extra_flops'] / 1e9:+.3f} GFLOPs recomputed, step {_ms(duel['time_difference_median_s'])} "
-                       f"(median), faster in {duel['measure_faster_rounds']}/{duel['rounds']} rounds")
-            if duel["extra_flops"] > 0 and duel["measure_faster_rounds"] > duel["rounds"] / 2:
+                       f"(median), faster in {faster}/{rounds} rounds (sign test p = {p_value:.3f})")
+            if duel["extra_flops"] > 0 and p_value < 0.05:
                 verdict += ": loses on FLOPs, wins on time"
         lines.append(f"- {point['model']} at {point['budget']}: {verdict}")
     return "\n".join(lines) + "\n"
+
+
+def sign_test(wins: int, rounds: int) -> float:
+    """One-sided sign test: the chance of ``wins`` or more in ``rounds`` fair coin flips (so a
+    "wins on time" claim needs more than a majority of noisy rounds)."""
+    return sum(math.comb(rounds, k) for k in range(wins, rounds + 1)) / 2 ** rounds if rounds else 1.0
 
 
 def _spread(quartiles: Sequence[float]) -> str:
