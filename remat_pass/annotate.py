@@ -140,6 +140,7 @@ def annotate(joint: JointGraph, device: str | DeviceProfile = AUTO, *, free_inpu
         forward_outputs=frozenset(ids[n] for n in outputs[: joint.num_fwd_outputs] if n in ids),
         backward_steps=_backward_steps(graph, backward_nodes, ids, outputs[joint.num_fwd_outputs :], profile, scratch),
         host_bytes_per_second=where.host_link_bytes_per_second,
+        costs="measure" if measured else "flops" if profile.name == "flops" else "roofline",
     )
     _store_meta(graph, ids, problem, scratch)
     logger.debug(

@@ -92,7 +92,7 @@ def plot_pareto(sweep: Sweep, path: str | os.PathLike[str], *, highlight: Plan |
     draw(flop_axis, lambda seconds, flops: 100.0 * flops / step if step else 0.0,
          "recomputed FLOPs (% of the step)")
     flop_axis.legend(fontsize="small", loc="best")
-    figure.suptitle(title or f"Memory / recompute trade-off ({sweep.problem.device} cost model)")
+    figure.suptitle(title or f"Memory / recompute trade-off ({sweep.problem.device}, {sweep.problem.costs} costs)")
     return _save(figure, path)
 
 

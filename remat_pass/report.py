@@ -122,7 +122,7 @@ class PlanReport:
         if plan.offloaded:
             lines.append(f"  offloaded        {format_bytes(plan.offloaded_bytes)} to host memory, "
                          f"{plan.exposed_transfer_seconds * 1e3:.3f} ms of transfer not hidden by compute")
-        overhead = (f"  recompute        {plan.recompute_seconds * 1e3:.3f} ms ({problem.device} roofline), "
+        overhead = (f"  recompute        {plan.recompute_seconds * 1e3:.3f} ms ({problem.device}, {problem.costs}), "
                     f"{format_flops(plan.recompute_flops)}")
         if self.step_flops:
             overhead += f" = {self.flop_overhead:.2%} of the step's {format_flops(self.step_flops)}"

@@ -116,7 +116,7 @@ def merge_problems(problems: Sequence[Problem]) -> Problem:
         steps[:0] = [dataclasses.replace(step, reads=tuple(i + first_id for i in step.reads))
                      for step in problem.backward_steps]
     return Problem(tuple(values), tuple(storage_bytes), frozenset(reads), device=problems[0].device,
-                   forward_outputs=frozenset(outputs), backward_steps=tuple(steps))
+                   forward_outputs=frozenset(outputs), backward_steps=tuple(steps), costs=problems[0].costs)
 
 
 def _strip_wrapper(problem: Problem) -> Problem:

@@ -98,6 +98,7 @@ class Problem:
     forward_outputs: frozenset[int] = frozenset()
     backward_steps: tuple[BackwardStep, ...] = ()
     host_bytes_per_second: float = 0.0
+    costs: str = "roofline"  # how recompute_seconds were priced: roofline, flops or measure
 
     def __post_init__(self) -> None:
         self.validate()
@@ -353,7 +354,7 @@ class Plan:
             "status": self.status,
             "gap": _finite_or_none(self.gap),
             "solve_seconds": self.solve_seconds,
-            "device": problem.device,
+            "device": problem.device, "costs": problem.costs,
             "budget_bytes": self.budget_bytes,
             "budget_kind": self.budget_kind,
             "predicted_peak_bytes": self.predicted_peak_bytes,

@@ -62,6 +62,7 @@ def test_bad_argument_subprocess_exits_2():
     ([f"{FACTORY}:factory", "--budget", "1.5"], "must lie in (0, 1]"),
     ([f"{FACTORY}:factory", "--solver", "magic"], "unknown solver 'magic'"),
     ([f"{FACTORY}:factory", "--device", "tpu"], "unknown device profile 'tpu'"),
+    ([f"{FACTORY}:factory", "--costs", "timed"], "costs must be one of 'roofline', 'flops', 'measure'"),
     ([f"{FACTORY}:factory", "--depth", "0"], "must be a positive integer"),
 ])
 def test_bad_input_exits_2_with_one_line(args, message, capsys, monkeypatch):
@@ -81,6 +82,12 @@ def test_table_output(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "Plan by ilp" in out and "blocks.0" in out and "blocks.1" in out and "total" in out
     assert "full" in out or "selective" in out
+
+
+def test_measured_costs(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert main(["explain", f"{FACTORY}:factory_with_loss", "--budget", "0.3", "--costs", "measure"]) == 0
+    assert "Plan by ilp" in capsys.readouterr().out
 
 
 def test_infeasible_budget_exits_1_and_names_the_smallest(capsys, monkeypatch):

@@ -41,6 +41,7 @@ def test_measured_costs_are_positive_and_rank_a_big_matmul_above_a_tiny_pointwis
     with caplog.at_level(logging.INFO, logger="remat_pass.op_timing"):
         problem = trace_step(BigAndSmall(), torch.randn(512, 256), costs="measure").problem
     assert "measured" in caplog.text and "roofline instead" not in caplog.text
+    assert problem.costs == "measure"
     matmul, tiny = _op(problem, "mm."), _op(problem, "sigmoid.")
     assert matmul.recompute_seconds > 10 * tiny.recompute_seconds > 0
     computed = [v for v in problem.values if not v.available and "view" not in v.tags and v.op != "getitem"]
@@ -104,6 +105,7 @@ def test_meta_tensors_fall_back_to_the_roofline_with_a_warning(caplog):
     with caplog.at_level(logging.WARNING, logger="remat_pass.op_timing"):
         measured = remat_pass.plan(model, x, budget=0.5, device="cpu", costs="measure")
     assert "fake tensors" in caplog.text and "roofline instead" in caplog.text
+    assert measured.problem.costs == "roofline"  # what really priced it
     roofline = remat_pass.plan(model, x, budget=0.5, device="cpu")
     assert [v.recompute_seconds for v in measured.problem.values] == [v.recompute_seconds for v in roofline.problem.values]
 
@@ -123,5 +125,6 @@ def test_flops_device_is_an_alias_of_flops_costs():
     by_costs = trace_step(model, x, costs="flops").problem
     by_device = trace_step(model, x, device="flops").problem
     assert by_costs == by_device and by_costs.device == "cpu"  # the memory model stays the CPU's
+    assert by_costs.costs == "flops" and '"costs": "flops"' in remat_pass.solvers.solve(by_costs, None).to_json()
     matmul = _op(by_costs, "mm.")
     assert matmul.recompute_seconds == pytest.approx(1e-9 + matmul.flops / 1e12)
