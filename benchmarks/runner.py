@@ -163,9 +163,8 @@ def _resolve(strategy: Strategy, rows: list[Row], ref: _Reference) -> tuple[Stra
             if strategy.solver == "peak":
                 # The measured activation peak of the whole step (the loss's temporaries included).
                 return dataclasses.replace(strategy, budget=int(row["peak_act_bytes"])), target
-            # Allocator-level bytes held for backward, less the loss's share (outside the model).
-            model_bytes = max(int(row["held_bytes"]) - ref.loss_held_bytes, 1)
-            return dataclasses.replace(strategy, budget=model_bytes, solver="saved"), target
+            # Allocator-level bytes held for backward: remat plans the loss with the model.
+            return dataclasses.replace(strategy, budget=max(int(row["held_bytes"]), 1), solver="saved"), target
     raise LookupError(f"no successful {target!r} row to match")
 
 
@@ -219,7 +218,9 @@ def run_model(
     if ref is not None:
         for row in rows:
             if row.get("status") == "ok":
-                row["held_model_bytes"] = row["held_bytes"] - ref.loss_held_bytes
+                # remat rows plan the loss with the model; the others hold the loss's share beside it.
+                loss_share = 0 if row["strategy"].startswith("remat") else ref.loss_held_bytes
+                row["held_model_bytes"] = row["held_bytes"] - loss_share
                 row["saved_model_bytes"] = row["saved_bytes"] - ref.loss_saved_bytes
     return rows
 
