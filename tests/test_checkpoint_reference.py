@@ -23,6 +23,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import remat_pass
 from remat_pass.annotate import annotate
 from remat_pass.capture import capture
+from remat_pass.flops import extra_flop_formulas
 from remat_pass.measure import peak_activation_bytes, saved_activation_bytes
 from remat_pass.solvers import baselines
 
@@ -79,7 +80,8 @@ def _torch_checkpointing(model: _LossOf, tokens: torch.Tensor) -> dict[str, int]
     outside = [*model.parameters(), *model.buffers(), tokens, model.targets]
 
     def flops() -> int:
-        with FlopCounterMode(display=False) as counter:
+        # With the CPU attention kernels' formulas, which flop_counter lacks (remat_pass.flops).
+        with FlopCounterMode(display=False, custom_mapping=extra_flop_formulas()) as counter:
             model(tokens).backward()
         return counter.get_total_flops()
 
