@@ -354,7 +354,9 @@ def _remat(strategy: Strategy, work: Workload, model: nn.Module, options: Option
             raise TypeError(f"{strategy.label}: this remat_pass.optimize takes no budget_kind")
     start = time.perf_counter()
     costs = strategy.costs or options.remat_costs
-    if costs != "auto":
+    if costs in ("roofline", "flops", "measure"):  # how recompute is priced (optimize's costs=)
+        kwargs["costs"] = costs
+    elif costs != "auto":  # a device profile by name (optimize's device=)
         kwargs["device"] = costs
     if options.remat_time_limit is not None:
         kwargs["time_limit"] = options.remat_time_limit
