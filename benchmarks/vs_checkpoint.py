@@ -57,7 +57,8 @@ def run_model(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     inner.activation_checkpointing_disable()
     for label, options in (("per_block", {"budget": 1.0, "solver": "per_block"}),
                            ("peak@checkpoint", {"budget": ckpt["peak_bytes"], "budget_kind": "peak",
-                                                "solver": "ilp_peak", "time_limit": args.plan_time_limit})):
+                                                "solver": "ilp_peak", "time_limit": args.plan_time_limit,
+                                                "costs": args.costs})):
         torch._dynamo.reset()
         began = time.perf_counter()
         try:
@@ -91,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=512)
     parser.add_argument("--plan-time-limit", type=float, default=60.0)
+    parser.add_argument("--costs", default="roofline",
+                        help="how remat_pass prices recompute (optimize's costs=): roofline (default), flops "
+                        "(recomputed FLOPs alone, the deterministic yardstick here) or measure")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out/vs_checkpoint"))
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
