@@ -209,7 +209,9 @@ def plan_problem(problem: Problem, options: PlanOptions) -> Planned:
 
 def _plan_or_clamp(problem: Problem, options: PlanOptions) -> Planned:
     try:
-        return _solve(problem, options, resolve_budget(problem, options.budget, options.budget_kind))
+        budget = resolve_budget(problem, options.budget, options.budget_kind)
+        _warn_if_the_loss_is_outside(problem, budget)
+        return _solve(problem, options, budget)
     except solvers.BudgetInfeasibleError as error:
         if OnInfeasible(options.on_infeasible) is OnInfeasible.RAISE:
             raise
@@ -219,6 +221,29 @@ def _plan_or_clamp(problem: Problem, options: PlanOptions) -> Planned:
                        "peak" if error.kind == BudgetKind.PEAK else "bytes")
         kind = resolve_budget_kind(options.budget, options.budget_kind)
         return _solve(problem, options, resolve_budget(problem, Budget(nbytes=error.min_bytes), kind))
+
+
+# A forward output bigger than this (and than 1% of the budget) is not a loss: the loss is computed
+# outside the planned graph.
+_LOSS_OUTPUT_BYTES = 1024
+
+
+def _warn_if_the_loss_is_outside(problem: Problem, budget: ResolvedBudget) -> None:
+    """A peak budget covers the planned graph only; say so when its outputs are not a loss.
+
+    Measured (benchmarks/GPU.md, run 2): a 50k-vocabulary loss outside the plan put the step's
+    peak 26-28% over the budget, because the loss's own tensors (its softmax, the logits'
+    gradient) come on top of what the planned graph holds.
+    """
+    if budget.kind is not BudgetKind.PEAK:
+        return
+    # The largest output: buffers a step updates (BatchNorm's statistics) are outputs too, but small.
+    output_bytes = max((problem.storage_bytes[problem.values[i].storage] for i in problem.forward_outputs), default=0)
+    if output_bytes > max(_LOSS_OUTPUT_BYTES, budget.budget_bytes // 100):
+        logger.warning("the peak budget covers this graph (%s) only: its output (%d bytes) is not a scalar "
+                       "loss, so a loss computed from it outside adds its own memory on top (about the "
+                       "output's size again, or more). Compile the loss with the model to bound the whole step.",
+                       describe_piece(problem), output_bytes)
 
 
 def describe_piece(modules: Problem | list[str]) -> str:

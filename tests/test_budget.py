@@ -98,3 +98,24 @@ def test_tiny_caps_are_accepted_with_a_unit_and_bare_ints_above_one_hundred():
 def test_optimize_refuses_budget_one_before_tracing():
     with pytest.raises(InvalidBudgetError, match=r"did you mean 1\.0\?"):
         remat_pass.optimize(torch.nn.Linear(2, 2), budget=1)
+
+
+def test_a_peak_budget_says_when_the_loss_is_outside_the_plan(caplog):
+    """A peak budget bounds the planned graph; logits returned to a loss outside are not bounded."""
+    import logging
+
+    import remat_pass
+
+    from .models import GPTWithLoss, tiny_gpt_config
+
+    torch.manual_seed(0)
+    with_loss = GPTWithLoss(tiny_gpt_config())
+    tokens = torch.randint(0, 64, (2, 16))
+    targets = torch.randint(0, 64, (2, 16))
+    with caplog.at_level(logging.WARNING, logger="remat_pass.pipeline"):
+        remat_pass.optimize(with_loss.gpt, budget=0.9, budget_kind="peak", example_inputs=(tokens,))
+    assert "not a scalar loss" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="remat_pass.pipeline"):
+        remat_pass.optimize(with_loss, budget=0.9, budget_kind="peak", example_inputs=(tokens, targets))
+    assert "not a scalar loss" not in caplog.text
