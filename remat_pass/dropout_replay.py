@@ -68,10 +68,10 @@ def replay_is_exact(device: str, dtype: torch.dtype, probability: float) -> bool
     if not 0.0 < probability < 1.0:
         return False
     where = torch.device(device)
+    # The dropout draws from ``where``'s default generator: fork_rng restores it (and the CPU's).
     with real_tensors(), torch.random.fork_rng(devices=[where] if where.type == "cuda" else []), torch.no_grad():
-        torch.manual_seed(0)
-        probe = (torch.randn(_PROBE_ELEMENTS, dtype=torch.float64) * torch.logspace(-8, 8, _PROBE_ELEMENTS,
-                 dtype=torch.float64)).to(device=where, dtype=dtype)
+        values = torch.randn(_PROBE_ELEMENTS, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        probe = (values * torch.logspace(-8, 8, _PROBE_ELEMENTS, dtype=torch.float64)).to(device=where, dtype=dtype)
         output, mask = torch.ops.aten.native_dropout.default(probe, probability, True)
         return bool(torch.equal(output, replay(probe, mask, probability)))
 
