@@ -38,6 +38,7 @@ from remat_pass.solvers.problem import (
 
 from .attention_core import tag_attention_core
 from .attribution import fill_module_attribution, module_path
+from .batch_norm import drop_running_stats_from_backward, is_new_running_stat, is_training_batch_norm, running_stat_args
 from .capture import JointGraph
 from .eager_parity import checkpoint_tags, derived_in_backward, drop_identity_copies
 from .collectives import collective_seconds, is_collective
@@ -110,6 +111,7 @@ def annotate(joint: JointGraph, device: str | DeviceProfile = AUTO, *, free_inpu
     charged = set() if free_inputs else _activation_inputs(joint)
     backward_nodes = tangent_dependent(graph)
     backward_nodes |= derived_in_backward(graph, backward_nodes, joint.num_fwd_outputs)
+    drop_running_stats_from_backward(backward_nodes)  # see remat_pass.batch_norm
     measured = measured_seconds(graph, joint.step_inputs, backward_nodes) if parse_costs(costs) == "measure" else {}
     scratch = kernel_scratch(graph, _graph_outputs(graph)[joint.num_fwd_outputs :])  # measured, or estimated on meta
     storages = _StorageTable()
@@ -349,8 +351,9 @@ def _make_value(
         seconds = profile.op_seconds(flops, _bytes_moved(node), _dtype_of(val))
     if TAG_COLLECTIVE in tags:  # what running it again would cost: communication, not compute
         seconds = collective_seconds(node, max(_tensor_bytes(val), _bytes_moved(node) - _tensor_bytes(val)), profile.name)
-    recomputable = not available and not tags & {TAG_RANDOM, TAG_MUTATION, TAG_COLLECTIVE} and node.op == "call_function"
-    sources = node.all_input_nodes
+    recomputable = (not available and not tags & {TAG_RANDOM, TAG_MUTATION, TAG_COLLECTIVE}
+                    and node.op == "call_function" and not is_new_running_stat(node))
+    sources = [s for s in node.all_input_nodes if s not in running_stat_args(node)]
     replay = dropout_replay_sources(node)
     if replay is not None:
         # Rebuilt as input * mask * scale in forward and again in backward: twice a pointwise op.
@@ -417,10 +420,12 @@ def _op_tags(node: fx.Node) -> Iterable[str]:
     if torch.Tag.nondeterministic_seeded in target.tags and _argument(node, "dropout_p", 1.0) != 0:
         # Attention kernels carry the tag for their optional dropout; with p = 0 they draw nothing.
         yield TAG_RANDOM
-    if target._schema.is_mutable or _is_impure(node) or target.overloadpacket.__name__.endswith("_functional"):
-        # A functionalized mutating op (BatchNorm with running statistics) reads state the step
-        # overwrites after the forward: recomputed in backward it would read the buffers after
-        # that update, and autograd rejects a saved tensor modified in place. Never recomputed.
+    functional = target.overloadpacket.__name__.endswith("_functional") and not is_training_batch_norm(node)
+    if target._schema.is_mutable or _is_impure(node) or functional:
+        # A functionalized mutating op reads state the step overwrites after the forward:
+        # recomputed in backward it would read the buffers after that update, and autograd
+        # rejects a saved tensor modified in place. Never recomputed. Training BatchNorm is
+        # recomputed without its running statistics (remat_pass.batch_norm).
         yield TAG_MUTATION
     if is_collective(node):  # see remat_pass.collectives: every rank must run it, exactly once
         yield TAG_COLLECTIVE
@@ -514,7 +519,7 @@ def _pin_readers_of_mutated_inputs(graph: fx.Graph, values: list[Value], nodes: 
     new data (wrong results), and autograd rejects a saved tensor modified in place."""
     mutated = _mutated_inputs(graph)
     for index, node in enumerate(nodes):
-        if values[index].recomputable and mutated.intersection(node.all_input_nodes):
+        if values[index].recomputable and mutated.intersection(set(node.all_input_nodes) - running_stat_args(node)):
             values[index] = replace(values[index], recomputable=False)
 
 

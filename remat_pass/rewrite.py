@@ -13,6 +13,7 @@ seeds), which changes between torch releases; we only choose what is saved and r
 from __future__ import annotations
 
 import logging
+import operator
 from typing import Any
 
 import torch
@@ -24,6 +25,7 @@ from remat_pass.solvers.problem import Plan
 
 from . import offload
 from .annotate import AnnotatedGraph
+from .batch_norm import restore_forward, swap_recomputed
 from .dropout_replay import dropout_replay_sources, replay_scale
 from .compat import extract_fwd_bwd_modules, is_fake, is_symbolic
 from .errors import RematError
@@ -46,8 +48,10 @@ def rewrite(annotated: AnnotatedGraph, plan: Plan) -> tuple[fx.GraphModule, fx.G
         recomputed_names |= rebuilt
         if name in refreshed_names:
             refreshed_names |= rebuilt
+    swapped = swap_recomputed(module.graph, recomputed_names)  # backward's BatchNorm without running stats
     forward, backward = extract_fwd_bwd_modules(module, saved_values, saved_symbols, joint.num_fwd_outputs,
                                                 joint.partition_kwargs.get("static_lifetime_input_indices"))
+    restore_forward(forward.graph, swapped)
     _drop_unused_forward_copies(backward.graph, annotated, recomputed_names)
     _check_recomputation(backward, annotated, recomputed_names)
     _own_fake_values(backward.graph, recomputed_names)
@@ -203,6 +207,7 @@ def _schedule_just_in_time(graph: fx.Graph, recomputed_names: set[str], refreshe
     for node in nodes:
         if not is_recompute[node]:
             place(node)
+    order = _unpack_at_once(order)
     previous = None
     for node in order:
         if previous is not None and previous.next is not node:
@@ -210,6 +215,28 @@ def _schedule_just_in_time(graph: fx.Graph, recomputed_names: set[str], refreshe
         previous = node
     copies = len(order) - len(set(nodes) & set(order))
     logger.debug("just-in-time schedule: %d backward nodes, %d copies of refreshed nodes", len(order), copies)
+
+
+def _unpack_at_once(order: list[fx.Node]) -> list[fx.Node]:
+    """Move each tuple's ``getitem`` readers to right after it.
+
+    FX code holds a tuple until its last ``getitem``, and the tuple holds every element: a
+    recomputed BatchNorm whose saved statistics are first read late in backward would keep its
+    (large) output alive until then. Unpacked at once, each element lives as long as its own
+    readers, as the plan's memory model counts it.
+    """
+    placed = set(order)
+    unpacked: list[fx.Node] = []
+    moved: set[fx.Node] = set()
+    for node in order:
+        if node in moved:
+            continue
+        unpacked.append(node)
+        for user in node.users:
+            if user.target is operator.getitem and user in placed and user not in moved:
+                unpacked.append(user)
+                moved.add(user)
+    return unpacked
 
 
 def _own_fake_values(graph: fx.Graph, recomputed_names: set[str]) -> None:

@@ -161,9 +161,10 @@ def backward_lifetimes(problem: Problem, plan: Plan) -> tuple[list[_Event], list
     held: dict[int, int] = {}
     open_: dict[int, list[int]] = {}  # value -> [begin, end] of its current tensor
     lifetimes: list[Lifetime] = []
+    unpacked = _unpacked_together(problem, plan)
     for step_index, step in enumerate(backward_steps_of(problem)):
         fresh: list[int] = []
-        for v in _needed_in_order(problem, plan, step.reads, held):
+        for v in _needed_in_order(problem, plan, step.reads, held, unpacked):
             at = len(events)
             events.append(_Event(step_index, v))
             if v in plan.refreshed:
@@ -198,8 +199,10 @@ def materializations(problem: Problem, plan: Plan) -> dict[int, int]:
     return counts
 
 
-def _needed_in_order(problem: Problem, plan: Plan, reads: tuple[int, ...], done: dict[int, int]) -> list[int]:
-    """Recomputed values not yet materialized that ``reads`` depend on, in topological order."""
+def _needed_in_order(problem: Problem, plan: Plan, reads: tuple[int, ...], done: dict[int, int],
+                     unpacked: dict[int, list[int]] | None = None) -> list[int]:
+    """Recomputed values not yet materialized that ``reads`` depend on, in topological order;
+    with a recomputed tuple come its elements in ``unpacked`` (see ``_unpacked_together``)."""
     values = problem.values
     needed: set[int] = set()
     stack = [v for v in reads if v in plan.recomputed and v not in done]
@@ -209,7 +212,25 @@ def _needed_in_order(problem: Problem, plan: Plan, reads: tuple[int, ...], done:
             continue
         needed.add(v)
         stack.extend(u for u in values[v].inputs if u in plan.recomputed and u not in done and u not in needed)
+        stack.extend(u for u in (unpacked or {}).get(v, ()) if u not in done and u not in needed)
     return sorted(needed)
+
+
+def _unpacked_together(problem: Problem, plan: Plan) -> dict[int, list[int]]:
+    """Per recomputed tuple (a multi-output op), its recomputed elements that backward uses.
+
+    The rewrite unpacks a recomputed tuple right after making it (FX code would otherwise hold
+    every element until the tuple's last ``getitem``), so an element read late in backward
+    (BatchNorm's saved statistics) is materialized with the tuple, not at its first reader.
+    """
+    reads = tuple(sorted({v for step in backward_steps_of(problem) for v in step.reads}))
+    used = _needed_in_order(problem, plan, reads, {})
+    unpacked: dict[int, list[int]] = {}
+    for v in used:
+        value = problem.values[v]
+        if value.op == "getitem" and len(value.inputs) == 1 and value.inputs[0] in plan.recomputed:
+            unpacked.setdefault(value.inputs[0], []).append(v)
+    return unpacked
 
 
 def simulate_plan(problem: Problem, plan: Plan) -> PlanMemory:

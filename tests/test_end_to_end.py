@@ -83,12 +83,12 @@ def test_dropout_masks_equal_eager_bit_for_bit():
 def test_batchnorm_statistics_updated_once_per_step():
     model, inputs, loss_fn = make_case("cnn")
     expected = eager_reference(model, inputs, loss_fn)
-    # BatchNorm itself is never recomputed (it reads the running statistics the step updates),
-    # so the smallest budget is about half; everything else around it is recomputed.
+    # BatchNorm is recomputed in backward without its running statistics (remat_pass.batch_norm),
+    # so the smallest budget saves almost nothing; the statistics must still move exactly once.
     smallest = solvers.min_feasible_bytes(_keep_all_problem("cnn"))
-    optimized = remat_pass.optimize(model, budget=f"{smallest}B", budget_kind="saved")
+    optimized = remat_pass.optimize(model, budget=f"{max(smallest, 1)}B", budget_kind="saved")
     actual = run_step(model, optimized, inputs, loss_fn)
-    assert optimized.plan.recomputed
+    assert any(optimized.plan.problem.values[i].op.startswith("_native_batch_norm") for i in optimized.plan.recomputed)
     assert actual.buffers["bn1.num_batches_tracked"].item() == 1
     assert_same_step(actual, expected)
 
