@@ -47,13 +47,14 @@ def _recomputed_batch_norms(plan) -> list[str]:
             if plan.problem.values[i].op == "_native_batch_norm_legit_functional.default"]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_no_stats_matches_the_functional_op_bit_for_bit(dtype):
+@pytest.mark.parametrize("dtype, param_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                                (torch.bfloat16, torch.float32)])  # the last: autocast's mix
+def test_no_stats_matches_the_functional_op_bit_for_bit(dtype, param_dtype):
     torch.manual_seed(0)
     x = torch.randn(4, 8, 5, 5, dtype=dtype)
-    weight, bias, mean, var = torch.randn(8, dtype=dtype), torch.randn(8, dtype=dtype), torch.randn(8), torch.rand(8)
-    functional = aten._native_batch_norm_legit_functional.default(x, weight, bias, mean.to(dtype), var.to(dtype),
-                                                                 True, 0.1, 1e-5)
+    weight, bias = torch.randn(8, dtype=param_dtype), torch.randn(8, dtype=param_dtype)
+    mean, var = torch.randn(8, dtype=param_dtype), torch.rand(8, dtype=param_dtype)
+    functional = aten._native_batch_norm_legit_functional.default(x, weight, bias, mean, var, True, 0.1, 1e-5)
     no_stats = aten._native_batch_norm_legit.no_stats(x, weight, bias, True, 0.1, 1e-5)
     assert all(torch.equal(a, b) for a, b in zip(functional[:3], no_stats))
     grad = torch.randn_like(x)
