@@ -35,8 +35,12 @@ RUNNING_STATS = (3, 4)  # argument positions of running_mean / running_var, and 
 
 
 def is_training_batch_norm(node: fx.Node) -> bool:
-    """A functional BatchNorm in training mode (its running statistics play no part in outputs 0-2)."""
-    return node.op == "call_function" and node.target is FUNCTIONAL and node.args[5] is True
+    """A functional BatchNorm in training mode (its running statistics play no part in outputs 0-2)
+    whose statistics are the step's inputs (buffers). One that reads another BatchNorm's new
+    statistics (a module applied twice a step) is left alone: swapped for ``no_stats`` before
+    extraction, the first one's new statistics would lose their reader and vanish from the forward."""
+    return (node.op == "call_function" and node.target is FUNCTIONAL and node.args[5] is True
+            and all(isinstance(node.args[i], fx.Node) and node.args[i].op == "placeholder" for i in RUNNING_STATS))
 
 
 def running_stat_args(node: fx.Node) -> set[fx.Node]:
