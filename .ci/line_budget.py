@@ -18,11 +18,6 @@ ROOTS = ("remat_pass", "solvers")
 
 # path: (most lines allowed, why it is longer)
 ALLOWED: dict[str, tuple[int, str]] = {
-    # One pass over the joint graph: classification, storages, per-node values and backward
-    # steps share per-node state (ids, storage keys, phases). Module attribution, dropout replay
-    # and attention-core tags are their own modules; the backward-step accounting (about 80
-    # lines) is the next piece to move, once it stops sharing the storage table.
-    "remat_pass/annotate.py": (550, "one pass over the joint graph's per-node state"),
     # The analytic estimator (Korthikanti et al.) with its per-policy tables and parallelism
     # modes: arithmetic only, no torch; the formulas read best side by side.
     "remat_pass/estimate.py": (600, "the analytic model's formulas side by side"),

@@ -26,7 +26,6 @@ from torch.utils._pytree import tree_flatten
 from remat_pass.solvers.problem import (
     TAG_ATTENTION_CORE,
     TAG_COLLECTIVE,
-    BackwardStep,
     TAG_DROPOUT_REPLAY,
     TAG_MATMUL,
     TAG_MUTATION,
@@ -47,6 +46,11 @@ from .compat import is_symbolic as _is_symbolic
 from .dropout_replay import dropout_replay_sources, order_dropout_masks
 from .costs import AUTO, CostModel, DeviceProfile, parse_costs, pricing_profiles
 from .flops import node_flops as _flops
+from .backward_steps import backward_steps
+from .node_memory import bytes_moved as _bytes_moved
+from .node_memory import dtype_of as _dtype_of
+from .node_memory import same_storage as _same_storage
+from .node_memory import tensor_bytes as _tensor_bytes
 from .op_timing import measured_seconds
 from .scratch import kernel_scratch
 
@@ -140,7 +144,7 @@ def annotate(joint: JointGraph, device: str | DeviceProfile = AUTO, *, free_inpu
         backward_reads=frozenset(backward_reads),
         device=where.name,
         forward_outputs=frozenset(ids[n] for n in outputs[: joint.num_fwd_outputs] if n in ids),
-        backward_steps=_backward_steps(graph, backward_nodes, ids, outputs[joint.num_fwd_outputs :], profile, scratch),
+        backward_steps=backward_steps(graph, backward_nodes, ids, outputs[joint.num_fwd_outputs :], profile, scratch),
         host_bytes_per_second=where.host_link_bytes_per_second,
         costs="measure" if measured else "flops" if profile.name == "flops" else "roofline",
     )
@@ -185,79 +189,6 @@ def _backward_reads(
 def _graph_outputs(graph: fx.Graph) -> list[fx.Node | None]:
     output = next(iter(graph.find_nodes(op="output")))
     return [a if isinstance(a, fx.Node) else None for a in output.args[0]]
-
-
-def _backward_steps(
-    graph: fx.Graph, backward_nodes: set[fx.Node], ids: dict[fx.Node, int], gradients: list[fx.Node | None],
-    profile: DeviceProfile, scratch: dict[fx.Node, int],
-) -> tuple[BackwardStep, ...]:
-    """The backward ops in order, each with the forward values it reads, the bytes of
-    backward-only tensors live while it runs (allocated at their op, freed after their last
-    reader; parameter gradients and anything sharing a forward storage excluded; its kernel's
-    scratch included) and its roofline time (the compute a reload from host memory can hide behind)."""
-    forward_keys = {key for node in ids for key, _ in _storages(node)}
-    gradient_keys = {key for node in gradients if node is not None for key, _ in _storages(node)}
-    ignored = forward_keys | gradient_keys
-    order = [node for node in graph.nodes if node in backward_nodes]
-    position = {node: index for index, node in enumerate(order)}
-    last_use: dict[StorageWeakRef, int] = {}
-    for node in order:
-        end = max((position[u] for u in node.users if u in position), default=position[node])
-        for key, _ in _storages(node):
-            last_use[key] = max(last_use.get(key, end), end)
-    live: dict[StorageWeakRef, int] = {}
-    steps: list[BackwardStep] = []
-    carried = _forward_values_viewed(order, ids)
-    for index, node in enumerate(order):
-        for key, nbytes in _storages(node):
-            if key not in ignored:
-                live.setdefault(key, nbytes)
-        if node.op == "call_function":
-            reads = {ids[s] for s in node.all_input_nodes if s in ids}
-            reads.update(i for s in node.all_input_nodes for i in carried.get(s, ()))
-            extra = scratch.get(node, 0)
-            steps.append(BackwardStep(tuple(sorted(reads)), sum(live.values()) + extra, _op_seconds(node, profile), extra))
-        for key in [k for k in live if last_use.get(k, index) <= index]:
-            del live[key]
-    return tuple(steps)
-
-
-def _op_seconds(node: fx.Node, profile: DeviceProfile) -> float:
-    """Roofline time of one call; views and getitems move no data."""
-    val = node.meta.get("val")
-    if node.target is operator.getitem or not isinstance(val, torch.Tensor):
-        return 0.0
-    if any(isinstance(s.meta.get("val"), torch.Tensor) and _same_storage(s.meta["val"], val)
-           for s in node.all_input_nodes):
-        return 0.0
-    return profile.op_seconds(_flops(node), _bytes_moved(node), _dtype_of(val))
-
-
-def _forward_values_viewed(order: list[fx.Node], ids: dict[fx.Node, int]) -> dict[fx.Node, set[int]]:
-    """For each backward node that is a view of forward values (``t(x)``, ``detach(y)`` traced in
-    a backward formula), those values' ids: reading the view reads them, so their storages
-    stay alive until the view's last reader, not the view's creation."""
-    carried: dict[fx.Node, set[int]] = {}
-    for node in order:
-        val = node.meta.get("val")
-        if not isinstance(val, torch.Tensor):
-            continue
-        for source in node.all_input_nodes:
-            source_val = source.meta.get("val")
-            if isinstance(source_val, torch.Tensor) and _same_storage(source_val, val):
-                carried.setdefault(node, set()).update({ids[source]} if source in ids else carried.get(source, ()))
-    return carried
-
-
-def _storages(node: fx.Node) -> list[tuple[StorageWeakRef, int]]:
-    found = []
-    for tensor in tree_flatten(node.meta.get("val"))[0]:
-        if isinstance(tensor, torch.Tensor):
-            try:
-                found.append((StorageWeakRef(tensor.untyped_storage()), _concrete(tensor.untyped_storage().nbytes())))
-            except (NotImplementedError, RuntimeError):
-                continue
-    return found
 
 
 # --- one value --------------------------------------------------------------------------------
@@ -467,34 +398,6 @@ def _aliases_inputs(node: fx.Node, val: Any) -> bool:
     outputs = [t for t in tree_flatten(val)[0] if isinstance(t, torch.Tensor)]
     inputs = [s.meta["val"] for s in node.all_input_nodes if isinstance(s.meta.get("val"), torch.Tensor)]
     return bool(outputs) and all(any(_same_storage(o, i) for i in inputs) for o in outputs)
-
-
-def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
-    try:
-        return StorageWeakRef(a.untyped_storage()) == StorageWeakRef(b.untyped_storage())
-    except (NotImplementedError, RuntimeError):  # sparse or opaque tensors have no storage
-        return False
-
-
-def _dtype_of(val: Any) -> torch.dtype:
-    if isinstance(val, torch.Tensor):
-        return val.dtype
-    if isinstance(val, (tuple, list)):
-        for item in val:
-            if isinstance(item, torch.Tensor):
-                return item.dtype
-    return torch.float32
-
-
-def _tensor_bytes(val: Any) -> int:
-    flat, _ = tree_flatten(val)
-    return sum(_concrete(t.numel()) * t.element_size() for t in flat if isinstance(t, torch.Tensor))
-
-
-def _bytes_moved(node: fx.Node) -> int:
-    """Bytes read plus bytes written: the memory-bound op's cost."""
-    read = sum(_tensor_bytes(source.meta.get("val")) for source in node.all_input_nodes)
-    return read + _tensor_bytes(node.meta.get("val"))
 
 
 def _mutated_inputs(graph: fx.Graph) -> set[fx.Node]:

@@ -1,0 +1,78 @@
+"""The backward pass as the peak model sees it: each backward op in order, the forward values it
+reads, the backward-only bytes live while it runs and its roofline time (``BackwardStep``)."""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch import fx
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from remat_pass.solvers.problem import BackwardStep
+
+from .costs import DeviceProfile
+from .flops import node_flops
+from .node_memory import bytes_moved, dtype_of, same_storage, storages
+
+
+def backward_steps(
+    graph: fx.Graph, backward_nodes: set[fx.Node], ids: dict[fx.Node, int], gradients: list[fx.Node | None],
+    profile: DeviceProfile, scratch: dict[fx.Node, int],
+) -> tuple[BackwardStep, ...]:
+    """The backward ops in order, each with the forward values it reads, the bytes of
+    backward-only tensors live while it runs (allocated at their op, freed after their last
+    reader; parameter gradients and anything sharing a forward storage excluded; its kernel's
+    scratch included) and its roofline time (the compute a reload from host memory can hide behind)."""
+    forward_keys = {key for node in ids for key, _ in storages(node)}
+    gradient_keys = {key for node in gradients if node is not None for key, _ in storages(node)}
+    ignored = forward_keys | gradient_keys
+    order = [node for node in graph.nodes if node in backward_nodes]
+    position = {node: index for index, node in enumerate(order)}
+    last_use: dict[StorageWeakRef, int] = {}
+    for node in order:
+        end = max((position[u] for u in node.users if u in position), default=position[node])
+        for key, _ in storages(node):
+            last_use[key] = max(last_use.get(key, end), end)
+    live: dict[StorageWeakRef, int] = {}
+    steps: list[BackwardStep] = []
+    carried = _forward_values_viewed(order, ids)
+    for index, node in enumerate(order):
+        for key, nbytes in storages(node):
+            if key not in ignored:
+                live.setdefault(key, nbytes)
+        if node.op == "call_function":
+            reads = {ids[s] for s in node.all_input_nodes if s in ids}
+            reads.update(i for s in node.all_input_nodes for i in carried.get(s, ()))
+            extra = scratch.get(node, 0)
+            steps.append(BackwardStep(tuple(sorted(reads)), sum(live.values()) + extra, _op_seconds(node, profile), extra))
+        for key in [k for k in live if last_use.get(k, index) <= index]:
+            del live[key]
+    return tuple(steps)
+
+
+def _op_seconds(node: fx.Node, profile: DeviceProfile) -> float:
+    """Roofline time of one call; views and getitems move no data."""
+    val = node.meta.get("val")
+    if node.target is operator.getitem or not isinstance(val, torch.Tensor):
+        return 0.0
+    if any(isinstance(s.meta.get("val"), torch.Tensor) and same_storage(s.meta["val"], val)
+           for s in node.all_input_nodes):
+        return 0.0
+    return profile.op_seconds(node_flops(node), bytes_moved(node), dtype_of(val))
+
+
+def _forward_values_viewed(order: list[fx.Node], ids: dict[fx.Node, int]) -> dict[fx.Node, set[int]]:
+    """For each backward node that is a view of forward values (``t(x)``, ``detach(y)`` traced in
+    a backward formula), those values' ids: reading the view reads them, so their storages
+    stay alive until the view's last reader, not the view's creation."""
+    carried: dict[fx.Node, set[int]] = {}
+    for node in order:
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            continue
+        for source in node.all_input_nodes:
+            source_val = source.meta.get("val")
+            if isinstance(source_val, torch.Tensor) and same_storage(source_val, val):
+                carried.setdefault(node, set()).update({ids[source]} if source in ids else carried.get(source, ()))
+    return carried
