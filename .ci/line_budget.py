@@ -21,9 +21,6 @@ ALLOWED: dict[str, tuple[int, str]] = {
     # The analytic estimator (Korthikanti et al.) with its per-policy tables and parallelism
     # modes: arithmetic only, no torch; the formulas read best side by side.
     "remat_pass/estimate.py": (600, "the analytic model's formulas side by side"),
-    # The torch-free records every planner shares (Value, Problem, Plan with its JSON and
-    # per-module accounts); offload added its fields this round. Split the accounts out next.
-    "solvers/problem.py": (530, "the shared records and the plan's accounts (refreshed values priced per time made)"),
 }
 
 

@@ -23,17 +23,8 @@ from torch import fx
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten
 
-from remat_pass.solvers.problem import (
-    TAG_ATTENTION_CORE,
-    TAG_COLLECTIVE,
-    TAG_DROPOUT_REPLAY,
-    TAG_MATMUL,
-    TAG_MUTATION,
-    TAG_RANDOM,
-    TAG_VIEW,
-    Problem,
-    Value,
-)
+from remat_pass.solvers.problem import Problem, Value
+from remat_pass.solvers.tags import Tag
 
 from .attention_core import tag_attention_core
 from .attribution import fill_module_attribution, module_path
@@ -270,26 +261,26 @@ def _make_value(
             for source in node.all_input_nodes
         )
         if aliases_input and node.op == "call_function":
-            tags.add(TAG_VIEW)
+            tags.add(Tag.VIEW)
         storage = storages.index_of(val, available, _real_norm_stat_bytes(node, val))
     else:
         storage = NO_STORAGE
         if node.op == "call_function" and _aliases_inputs(node, val):
-            tags.add(TAG_VIEW)  # split/unbind/chunk: a tuple of views
+            tags.add(Tag.VIEW)  # split/unbind/chunk: a tuple of views
     flops = _flops(node) if node.op == "call_function" else 0
     seconds = 0.0
-    if node.op == "call_function" and TAG_VIEW not in tags and node.target is not operator.getitem:
+    if node.op == "call_function" and Tag.VIEW not in tags and node.target is not operator.getitem:
         seconds = profile.op_seconds(flops, _bytes_moved(node), _dtype_of(val))
-    if TAG_COLLECTIVE in tags:  # what running it again would cost: communication, not compute
+    if Tag.COLLECTIVE in tags:  # what running it again would cost: communication, not compute
         seconds = collective_seconds(node, max(_tensor_bytes(val), _bytes_moved(node) - _tensor_bytes(val)), profile.name)
-    recomputable = (not available and not tags & {TAG_RANDOM, TAG_MUTATION, TAG_COLLECTIVE}
+    recomputable = (not available and not tags & {Tag.RANDOM, Tag.MUTATION, Tag.COLLECTIVE}
                     and node.op == "call_function" and not is_new_running_stat(node))
     sources = [s for s in node.all_input_nodes if s not in running_stat_args(node)]
     replay = dropout_replay_sources(node)
     if replay is not None:
         # Rebuilt as input * mask * scale in forward and again in backward: twice a pointwise op.
         sources = list(replay)
-        tags.add(TAG_DROPOUT_REPLAY)
+        tags.add(Tag.DROPOUT_REPLAY)
         moved = sum(_tensor_bytes(s.meta.get("val")) for s in sources) + _tensor_bytes(val)
         seconds = 2 * profile.op_seconds(0, moved, _dtype_of(val))
     return Value(
@@ -350,21 +341,21 @@ def _op_tags(node: fx.Node) -> Iterable[str]:
         return
     if torch.Tag.nondeterministic_seeded in target.tags and _argument(node, "dropout_p", 1.0) != 0:
         # Attention kernels carry the tag for their optional dropout; with p = 0 they draw nothing.
-        yield TAG_RANDOM
+        yield Tag.RANDOM
     functional = target.overloadpacket.__name__.endswith("_functional") and not is_training_batch_norm(node)
     if target._schema.is_mutable or _is_impure(node) or functional:
         # A functionalized mutating op reads state the step overwrites after the forward:
         # recomputed in backward it would read the buffers after that update, and autograd
         # rejects a saved tensor modified in place. Never recomputed. Training BatchNorm is
         # recomputed without its running statistics (remat_pass.batch_norm).
-        yield TAG_MUTATION
+        yield Tag.MUTATION
     if is_collective(node):  # see remat_pass.collectives: every rank must run it, exactly once
-        yield TAG_COLLECTIVE
+        yield Tag.COLLECTIVE
     if target.overloadpacket.__name__ in _MATMUL_OPS:
-        yield TAG_MATMUL
+        yield Tag.MATMUL
     if "scaled_dot_product" in target.overloadpacket.__name__:
-        yield TAG_MATMUL
-        yield TAG_ATTENTION_CORE
+        yield Tag.MATMUL
+        yield Tag.ATTENTION_CORE
 
 
 def _argument(node: fx.Node, name: str, missing: Any) -> Any:

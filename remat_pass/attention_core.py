@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from remat_pass.solvers.problem import TAG_ATTENTION_CORE, TAG_MATMUL, Value
+from remat_pass.solvers.problem import Value
+from remat_pass.solvers.tags import Tag
 
 
 def _is_activation_matmul(value: Value, values: list[Value], storage_bytes_zero: set[int]) -> bool:
     """A matmul of two activations (Q·Kᵀ, P·V), not of an activation and a weight."""
-    if TAG_MATMUL not in value.tags or len(value.inputs) < 2:
+    if Tag.MATMUL not in value.tags or len(value.inputs) < 2:
         return False
     return all(values[i].storage not in storage_bytes_zero for i in value.inputs)
 
@@ -41,13 +42,13 @@ def tag_attention_core(values: list[Value], ignored_storages: set[int]) -> None:
             for user in users[current]:
                 if user not in reached:
                     reached.add(user)
-                    if TAG_MATMUL not in values[user].tags:
+                    if Tag.MATMUL not in values[user].tags:
                         frontier.append(user)
         for end in reached - {start.id}:
             if _is_activation_matmul(values[end], values, available_storages):
                 core |= {start.id, end} | _ancestors_within(values, end, reached)
     for i in core:
-        values[i] = _with_tag(values[i], TAG_ATTENTION_CORE)
+        values[i] = _with_tag(values[i], Tag.ATTENTION_CORE)
 
 
 def _ancestors_within(values: list[Value], end: int, region: set[int]) -> set[int]:

@@ -7,7 +7,7 @@ no more than eager). A model that already checkpoints (``torch.utils.checkpoint`
 Hugging Face's ``gradient_checkpointing_enable()``, selective activation checkpointing)
 recomputes its regions in backward: AOTAutograd marks each region node with a
 ``CheckpointPolicy`` in ``node.meta["recompute"]``, annotate turns the recompute policies into
-the ``TAG_CHECKPOINTED`` tag, and ``as_given_plan`` reads them back as recompute decisions.
+the ``Tag.CHECKPOINTED`` tag (``solvers.tags``; PREFER_/MUST_RECOMPUTE), and ``as_given_plan`` reads them back as recompute decisions.
 
 That plan is the reference a fractional budget is relative to, and a cap on every budget:
 the planner is asked for the cheapest plan within it, which is never worse than the as-given
@@ -21,18 +21,16 @@ from __future__ import annotations
 import logging
 
 from remat_pass.solvers.problem import Plan, Problem
+from remat_pass.solvers.tags import Tag
 
 logger = logging.getLogger(__name__)
-
-TAG_CHECKPOINTED = "checkpointed"
-"""A value the model's own checkpointing recomputes in backward (PREFER_/MUST_RECOMPUTE)."""
 
 AS_GIVEN = "as_given"
 
 
 def has_checkpoint_regions(problem: Problem) -> bool:
     """Whether the model recomputes anything itself (else the as-given plan is keep-all)."""
-    return any(TAG_CHECKPOINTED in value.tags for value in problem.values)
+    return any(Tag.CHECKPOINTED in value.tags for value in problem.values)
 
 
 def as_given_plan(problem: Problem) -> Plan:
@@ -51,7 +49,7 @@ def as_given_plan(problem: Problem) -> Plan:
     for value in reversed(problem.values):
         if value.id not in needed or value.available:
             continue
-        checkpointed = TAG_CHECKPOINTED in value.tags and rebuildable[value.id]
+        checkpointed = Tag.CHECKPOINTED in value.tags and rebuildable[value.id]
         if checkpointed or not value.keepable:
             recomputed.add(value.id)
             needed.update(value.inputs)
@@ -76,4 +74,4 @@ def _rebuildable(problem: Problem) -> list[bool]:
     return rebuildable
 
 
-__all__ = ["AS_GIVEN", "TAG_CHECKPOINTED", "as_given_plan", "has_checkpoint_regions"]
+__all__ = ["AS_GIVEN", "as_given_plan", "has_checkpoint_regions"]

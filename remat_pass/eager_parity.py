@@ -9,7 +9,7 @@ metadata that the planner must read. ``annotate`` applies these before building 
 * ``derived_in_backward``: tangent-free parts of derivative formulas are backward nodes, as
   eager computes them in backward from what it saved;
 * ``checkpoint_tags``: a ``torch.utils.checkpoint`` region's recompute decisions, as the
-  ``TAG_CHECKPOINTED`` tag ``baseline.as_given_plan`` reads.
+  ``Tag.CHECKPOINTED`` tag ``baseline.as_given_plan`` reads.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from torch import fx
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten, tree_map
 
-from .baseline import TAG_CHECKPOINTED
+from remat_pass.solvers.tags import Tag
 
 
 def _outputs(graph: fx.Graph) -> list[fx.Node | None]:
@@ -149,7 +149,7 @@ def checkpoint_tags(node: fx.Node) -> set[str]:
         return set()
     if node.meta.get("has_backward_hook", False) and not later:
         return set()
-    return {TAG_CHECKPOINTED}
+    return {Tag.CHECKPOINTED}
 
 
 __all__ = ["checkpoint_tags", "derived_in_backward", "drop_identity_copies"]

@@ -17,7 +17,8 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from remat_pass.solvers.baselines import block_of
-from remat_pass.solvers.problem import ModuleRow, Plan, Problem, format_bytes
+from remat_pass.solvers.module_account import ModuleRow
+from remat_pass.solvers.problem import Plan, Problem, format_bytes
 from remat_pass.solvers.status import BudgetKind
 
 if TYPE_CHECKING:

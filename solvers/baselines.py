@@ -15,7 +15,8 @@ from typing import Iterable
 import networkx as nx
 
 from ._graph import effectively_recomputable, forced_keeps
-from .problem import TAG_ATTENTION_CORE, TAG_VIEW, Plan, Problem, closure_from_keep_set
+from .problem import Plan, Problem, closure_from_keep_set
+from .tags import Tag
 from .registry import Decision, SolverFn, planner
 from .status import Status
 
@@ -157,7 +158,7 @@ def _backward_helpers(problem: Problem) -> set[int]:
                 stack.append(u)
     return {
         v.id for v in values
-        if v.id not in needed and not v.available and v.recomputable and TAG_VIEW not in v.tags and v.op != "getitem"
+        if v.id not in needed and not v.available and v.recomputable and Tag.VIEW not in v.tags and v.op != "getitem"
     }
 
 
@@ -198,7 +199,7 @@ def selective(problem: Problem, budget_bytes: int | None = None, **options: obje
     recomputable = effectively_recomputable(problem)
     keep = {
         v.id for v in problem.values
-        if not (TAG_ATTENTION_CORE in v.tags and recomputable[v.id])
+        if not (Tag.ATTENTION_CORE in v.tags and recomputable[v.id])
     }
     return _plan(problem, keep)
 

@@ -27,7 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .problem import TAG_DROPOUT_REPLAY, TAG_VIEW, BackwardStep, Plan, Problem
+from .problem import BackwardStep, Plan, Problem
+from .tags import Tag
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ def _transient_bytes(problem: Problem, plan: Plan, value: int) -> int:
     (``Value.scratch_bytes``, from annotate); a replayed dropout output is
     ``(input * mask) * scale``, two tensors of its size until the first is dropped."""
     v = problem.values[value]
-    if value in plan.recomputed and TAG_DROPOUT_REPLAY in v.tags:
+    if value in plan.recomputed and Tag.DROPOUT_REPLAY in v.tags:
         return problem.storage_bytes[v.storage]
     return v.scratch_bytes
 
@@ -302,7 +303,7 @@ def second_tensors(problem: Problem, plan: Plan, pinned: set[int]) -> set[int]:
         if value.storage not in had:
             continue
         same = [u for u in value.inputs if values[u].storage == value.storage]
-        if TAG_VIEW not in value.tags or not same or any(u in found for u in same):
+        if Tag.VIEW not in value.tags or not same or any(u in found for u in same):
             found.add(v)
     return found
 

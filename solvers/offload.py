@@ -38,7 +38,8 @@ from dataclasses import dataclass
 
 from ._graph import effectively_recomputable, relevant_values
 from .memory import _forward_computed, backward_lifetimes, backward_steps_of, read_spans
-from .problem import TAG_MUTATION, TAG_VIEW, Plan, Problem
+from .problem import Plan, Problem
+from .tags import Tag
 
 
 @dataclass(frozen=True)
@@ -128,9 +129,9 @@ def offload_candidates(problem: Problem) -> dict[int, Candidate]:
     for storage, creator in storage_creators(problem).items():
         ids = members[storage]
         head = values[creator]
-        if storage in returned or head.available or not head.keepable or TAG_VIEW in head.tags:
+        if storage in returned or head.available or not head.keepable or Tag.VIEW in head.tags:
             continue
-        if any(TAG_MUTATION in values[i].tags for i in ids) or not any(i in relevant for i in ids):
+        if any(Tag.MUTATION in values[i].tags for i in ids) or not any(i in relevant for i in ids):
             continue
         steps = [first_read[i] for i in ids if i in first_read]
         if not steps:

@@ -32,16 +32,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from .module_account import ModuleRow, module_rows
 from .status import BudgetKind, Status
-
-# Tags annotate puts on values; planners may read them, nothing requires them.
-TAG_RANDOM = "random"
-TAG_MUTATION = "mutation"
-TAG_VIEW = "view"
-TAG_MATMUL = "matmul"
-TAG_ATTENTION_CORE = "attention_core"
-TAG_DROPOUT_REPLAY = "dropout_replay"  # a dropout output rebuilt from its input and kept mask
-TAG_COLLECTIVE = "collective"  # communication over a process group: never run twice
 
 
 @dataclass(frozen=True)
@@ -333,7 +325,7 @@ class Plan:
         >>> [(r.module, r.policy, r.kept_bytes, r.recomputed_bytes, r.recompute_flops) for r in plan.per_module()]
         [('block', 'full', 0, 4, 8), ('head', 'none', 4, 0, 0)]
         """
-        return _module_rows(self, depth)
+        return module_rows(self, depth)
 
     def to_dict(self, depth: int | None = None) -> dict[str, Any]:
         """A JSON-ready account: totals, every kept and recomputed value, and ``per_module(depth)``.
@@ -376,85 +368,6 @@ class Plan:
     def to_json(self, depth: int | None = None, indent: int | None = 2) -> str:
         """``to_dict(depth)`` as JSON text."""
         return json.dumps(self.to_dict(depth), indent=indent)
-
-
-POLICY_NONE, POLICY_SELECTIVE, POLICY_FULL, POLICY_OFFLOAD = "none", "selective", "full", "offload"
-
-
-@dataclass(frozen=True)
-class ModuleRow:
-    """One module's share of a plan (``Plan.per_module``). Bytes are storage sizes, each counted once.
-
-    ``recomputed_bytes``: storages rebuilt in backward instead of kept (intermediates keep-all
-    never stores, such as a matmul output feeding an activation, count too). ``keep_all_bytes``:
-    what the un-rematerialized step keeps here, for comparison.
-    """
-
-    module: str
-    policy: str
-    kept_bytes: int
-    recomputed_bytes: int
-    keep_all_bytes: int
-    recompute_seconds: float
-    recompute_flops: int
-    kept_values: int
-    recomputed_values: int
-    offloaded_bytes: int = 0
-
-
-def _module_rows(plan: Plan, depth: int | None) -> list[ModuleRow]:
-    if depth is not None and depth < 1:
-        raise ValueError(f"depth must be a positive number of path parts or None, got {depth}")
-    problem = plan.problem
-    values = problem.values
-    group = [".".join(v.module.split(".")[:depth]) if depth is not None else v.module for v in values]
-    owner: dict[int, str] = {}  # storage -> group of the value that created it
-    order: dict[str, None] = {}
-    for value in values:
-        if not value.available:
-            owner.setdefault(value.storage, group[value.id])
-            order.setdefault(group[value.id], None)
-
-    kept = {values[i].storage for i in plan.kept}
-    offloaded = {values[i].storage for i in plan.offloaded}
-    recomputed = {values[i].storage for i in plan.recomputed} - kept - offloaded
-    keep_all = {values[i].storage for i in problem.backward_reads}
-    # A storage other modules read (not merely as a view) is the module's output: a checkpointed
-    # module still keeps its output, as the next module's input.
-    exported: set[int] = set()
-    for value in values:
-        for source in value.inputs:
-            if group[source] != group[value.id] and TAG_VIEW not in value.tags:
-                exported.add(values[source].storage)
-
-    def charged(storages: set[int], name: str) -> int:
-        return sum(problem.storage_bytes[s] for s in storages if owner.get(s) == name)
-
-    owners = {owner[s] for s in owner if problem.storage_bytes[s] > 0}
-    rows = []
-    for name in order:
-        mine = [i for i in plan.recomputed if group[i] == name]
-        seconds = sum((values[i].recompute_seconds for i in mine), 0.0)
-        flops = sum(values[i].flops for i in mine)
-        if name not in owners and seconds == 0 and flops == 0:
-            continue  # only views and detaches of others' storages (the backward's own "" nodes)
-        recomputed_bytes = charged(recomputed, name)
-        offloaded_bytes = charged(offloaded, name)
-        if offloaded_bytes > 0 and offloaded_bytes >= recomputed_bytes:
-            policy = POLICY_OFFLOAD
-        elif recomputed_bytes == 0 and seconds == 0 and flops == 0:
-            policy = POLICY_NONE
-        elif charged(kept - exported, name) == 0:
-            policy = POLICY_FULL
-        else:
-            policy = POLICY_SELECTIVE
-        rows.append(ModuleRow(
-            module=name, policy=policy, kept_bytes=charged(kept, name), recomputed_bytes=recomputed_bytes,
-            keep_all_bytes=charged(keep_all, name), recompute_seconds=seconds, recompute_flops=flops,
-            kept_values=sum(1 for i in plan.kept if group[i] == name), recomputed_values=len(mine),
-            offloaded_bytes=offloaded_bytes,
-        ))
-    return rows
 
 
 def _finite_or_none(number: float | None) -> float | None:

@@ -9,14 +9,8 @@ from torch import nn
 
 from remat_pass.annotate import META_KEY, annotate
 from remat_pass.capture import capture
-from remat_pass.solvers.problem import (
-    TAG_ATTENTION_CORE,
-    TAG_DROPOUT_REPLAY,
-    TAG_MATMUL,
-    TAG_RANDOM,
-    TAG_VIEW,
-    recomputable_from_inputs,
-)
+from remat_pass.solvers.problem import recomputable_from_inputs
+from remat_pass.solvers.tags import Tag
 
 from .models import make_case
 
@@ -65,7 +59,7 @@ def test_parameters_inputs_and_their_views_cost_nothing():
         if value.available:
             assert problem.storage_bytes[value.storage] == 0
     transposes = _value(annotated, "t.")
-    assert all(TAG_VIEW in t.tags and problem.storage_bytes[t.storage] == 0 for t in transposes)
+    assert all(Tag.VIEW in t.tags and problem.storage_bytes[t.storage] == 0 for t in transposes)
 
 
 def test_views_share_their_base_storage():
@@ -81,7 +75,7 @@ def test_views_share_their_base_storage():
     annotated = _annotated(ViewOfActivation(), torch.randn(6, 6))
     problem = annotated.problem
     (relu,) = _value(annotated, "relu.")
-    views = [v for v in problem.values if TAG_VIEW in v.tags and v.storage == relu.storage]
+    views = [v for v in problem.values if Tag.VIEW in v.tags and v.storage == relu.storage]
     assert views, "the view of relu's output must share its storage"
     assert problem.bytes_of([relu.id, *(v.id for v in views)]) == 6 * 6 * 4
 
@@ -91,8 +85,8 @@ def test_dropout_is_random_and_its_output_replays_from_the_mask():
     annotated = _annotated(model, *inputs)
     values = annotated.problem.values
     dropouts = _value(annotated, "native_dropout.")
-    assert all(TAG_RANDOM in d.tags and not d.recomputable and not d.keepable for d in dropouts)
-    replays = [v for v in values if TAG_DROPOUT_REPLAY in v.tags]
+    assert all(Tag.RANDOM in d.tags and not d.recomputable and not d.keepable for d in dropouts)
+    replays = [v for v in values if Tag.DROPOUT_REPLAY in v.tags]
     rebuildable = recomputable_from_inputs(annotated.problem)
     assert len(replays) == len(dropouts)
     for replay in replays:
@@ -104,12 +98,12 @@ def test_dropout_is_random_and_its_output_replays_from_the_mask():
 def test_attention_core_is_between_the_two_activation_matmuls():
     model, inputs, _ = make_case("gpt")
     annotated = _annotated(model, *inputs)
-    core = [v for v in annotated.problem.values if TAG_ATTENTION_CORE in v.tags]
+    core = [v for v in annotated.problem.values if Tag.ATTENTION_CORE in v.tags]
     ops = {v.op.split(".")[0] for v in core}
     assert {"bmm", "_softmax", "masked_fill"} <= ops
     assert not any(v.op.startswith(("addmm", "native_layer_norm", "gelu")) for v in core)
     assert all(v.module.startswith("blocks.") for v in core)
-    assert sum(1 for v in core if TAG_MATMUL in v.tags) == 2 * model.config.layers  # Q·Kᵀ and P·V
+    assert sum(1 for v in core if Tag.MATMUL in v.tags) == 2 * model.config.layers  # Q·Kᵀ and P·V
 
 
 def test_module_paths_and_networkx_view():

@@ -6,13 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 from remat_pass.solvers.problem import Problem, Value
+from remat_pass.solvers.tags import Tag
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 import remat_pass
 from remat_pass import solvers
 from remat_pass.annotate import annotate
-from remat_pass.baseline import TAG_CHECKPOINTED, as_given_plan, has_checkpoint_regions
+from remat_pass.baseline import as_given_plan, has_checkpoint_regions
 from remat_pass.capture import capture
 
 from .helpers import assert_same_step, eager_reference, run_step
@@ -168,8 +169,8 @@ def test_as_given_plan_on_a_literal_problem():
     problem = Problem(
         values=(
             _value(0, storage=0, available=True, keepable=False, recomputable=False),
-            _value(1, (0,), 1, tags=frozenset({TAG_CHECKPOINTED})),
-            _value(2, (1,), 2, recomputable=False, tags=frozenset({TAG_CHECKPOINTED})),
+            _value(1, (0,), 1, tags=frozenset({Tag.CHECKPOINTED})),
+            _value(2, (1,), 2, recomputable=False, tags=frozenset({Tag.CHECKPOINTED})),
             _value(3, (2,), 3),
         ),
         storage_bytes=(0, 10, 20, 30),

@@ -33,7 +33,7 @@ from remat_pass.annotate import annotate
 from remat_pass.capture import capture
 from remat_pass.errors import CaptureError
 from remat_pass.measure import saved_activation_bytes
-from remat_pass.solvers.problem import TAG_COLLECTIVE
+from remat_pass.solvers.tags import Tag
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
 
@@ -321,7 +321,7 @@ def test_tensor_parallel_at_budget_0_3_matches_no_remat(tmp_path):
     for rank in results["tensor_parallel"]:
         (plan,) = rank["plans"]
         assert plan.kept_bytes <= 0.3 * plan.keep_all_bytes
-        collectives = {v.id for v in plan.problem.values if TAG_COLLECTIVE in v.tags}
+        collectives = {v.id for v in plan.problem.values if Tag.COLLECTIVE in v.tags}
         assert collectives and not collectives & plan.recomputed  # RowwiseParallel's all-reduce is kept
 
 
@@ -390,7 +390,7 @@ def test_collectives_are_pinned_and_priced(one_rank):
 
     (joint,) = capture(Step(), (torch.randn(4, 8),))
     problem = annotate(joint).problem
-    collectives = [v for v in problem.values if TAG_COLLECTIVE in v.tags]
+    collectives = [v for v in problem.values if Tag.COLLECTIVE in v.tags]
     ops = {v.op.split(".")[0] for v in collectives}
     assert {"all_reduce", "all_gather_into_tensor", "reduce_scatter_tensor", "wait_tensor"} <= ops
     assert not any(v.recomputable for v in collectives)

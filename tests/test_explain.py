@@ -15,7 +15,9 @@ from remat_pass import solvers
 from remat_pass.errors import BudgetInfeasibleError
 from remat_pass.explain import Explanation, explain, explain_traced
 from remat_pass.pipeline import trace_step
-from remat_pass.solvers.problem import TAG_VIEW, ModuleRow, Plan, Problem, Value, closure_from_keep_set
+from remat_pass.solvers.module_account import ModuleRow
+from remat_pass.solvers.problem import Plan, Problem, Value, closure_from_keep_set
+from remat_pass.solvers.tags import Tag
 
 from .explain_factory import factory, factory_dropout, factory_with_loss
 
@@ -104,7 +106,7 @@ def test_storages_are_charged_once_to_their_creator():
     x = Value(0, "x", (), storage=0, available=True)
     a = Value(1, "a", (0,), storage=1, recompute_seconds=1.0, flops=10, module="m.0.fc")
     b = Value(2, "b", (1,), storage=2, recompute_seconds=2.0, module="m.0")
-    view = Value(3, "b_view", (2,), storage=2, module="", tags=frozenset({TAG_VIEW}))
+    view = Value(3, "b_view", (2,), storage=2, module="", tags=frozenset({Tag.VIEW}))
     c = Value(4, "c", (2,), storage=3, recompute_seconds=3.0, flops=30, module="m.1")
     problem = Problem((x, a, b, view, c), (0, 100, 50, 30), frozenset({3, 4}))
     plan = Plan(problem, kept=frozenset({3, 4}), recomputed=frozenset(), solver="manual")

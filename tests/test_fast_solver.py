@@ -21,7 +21,7 @@ from remat_pass.solvers.fast.blocks import decompose
 from remat_pass.solvers.fast.oracle import Oracle
 from remat_pass.solvers.fast.refine import group_problem
 from remat_pass.solvers.ilp import solve_ilp
-from remat_pass.solvers.problem import TAG_RANDOM, TAG_VIEW
+from remat_pass.solvers.tags import Tag
 
 TOLERANCE = 1e-9
 
@@ -56,7 +56,7 @@ def random_problem(seed: int, blocks: int = 0, size: int = 10) -> Problem:
         for kind, source, extra, nbytes, seconds, recomputable, read in spec:
             src = local[source]
             if kind == "view":
-                local.append(add(inputs=(src,), storage=values[src].storage, module=module, tags=frozenset({TAG_VIEW})))
+                local.append(add(inputs=(src,), storage=values[src].storage, module=module, tags=frozenset({Tag.VIEW})))
                 reads.update(local[-1:] if read[0] else ())
             elif kind == "tuple":
                 op = add(inputs=(src,), storage=0, recompute_seconds=seconds, keepable=False, module=module,
@@ -70,7 +70,7 @@ def random_problem(seed: int, blocks: int = 0, size: int = 10) -> Problem:
                 sizes.append(nbytes)
                 local.append(add(inputs=inputs, storage=len(sizes) - 1, recompute_seconds=seconds, module=module,
                                  recomputable=kind != "random",
-                                 tags=frozenset({TAG_RANDOM}) if kind == "random" else frozenset()))
+                                 tags=frozenset({Tag.RANDOM}) if kind == "random" else frozenset()))
                 reads.update(local[-1:] if read[0] else ())
         entry = local[-1]
         if output_read or block == max(blocks, 1) - 1:
@@ -166,7 +166,7 @@ def test_views_are_paid_once() -> None:
     """Keeping a view costs its base's storage; the model keeps the base and rebuilds the view for free."""
     x = Value(0, "x", (), storage=0, available=True)
     a = Value(1, "a", (0,), storage=1, recompute_seconds=5.0)
-    view = Value(2, "a_t", (1,), storage=1, tags=frozenset({TAG_VIEW}))
+    view = Value(2, "a_t", (1,), storage=1, tags=frozenset({Tag.VIEW}))
     b = Value(3, "b", (2,), storage=2, recompute_seconds=1.0)
     problem = Problem((x, a, view, b), (0, 64, 64), frozenset({2, 3}))
     plan = solve_fast(problem, 64, polish=False, refine=False)

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from remat_pass.solvers.memory import simulate_plan
-from remat_pass.solvers.problem import TAG_VIEW
+from remat_pass.solvers.tags import Tag
 from torch import nn
 
 import remat_pass
@@ -93,7 +93,7 @@ def test_views_are_offloaded_through_their_base_once_and_in_place_ops_survive():
     annotated = annotate(joint, "h100")
     problem = annotated.problem
     plan = solvers.solve(problem, int(0.15 * problem.keep_all_bytes()), solver="ilp_offload")
-    assert any(TAG_VIEW in problem.values[i].tags for i in plan.offloaded), "expected a view offloaded via its base"
+    assert any(Tag.VIEW in problem.values[i].tags for i in plan.offloaded), "expected a view offloaded via its base"
     forward, backward = rewrite(annotated, plan)
     sends = [n for n in forward.graph.nodes if n.target is torch.ops.remat_pass.offload_copy.default]
     storages = {problem.values[i].storage for i in plan.offloaded}

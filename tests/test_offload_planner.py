@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from remat_pass.solvers.memory import simulate_plan
 from remat_pass.solvers.offload import offload_candidates, transfer_schedule
-from remat_pass.solvers.problem import TAG_MATMUL, BackwardStep, Plan, Problem, Value
+from remat_pass.solvers.problem import BackwardStep, Plan, Problem, Value
+from remat_pass.solvers.tags import Tag
 
 from remat_pass import solvers
 
@@ -17,7 +18,7 @@ def _chain(host_bytes_per_second: float, forward: tuple[float, float, float] = (
     or ``reads_first`` first."""
     x = Value(0, "x", (), storage=0, available=True)
     hs = [Value(i, f"h{i}", (i - 1,), storage=i, recompute_seconds=forward[i - 1], flops=10**9, module=f"layer{i}",
-                tags=frozenset({TAG_MATMUL})) for i in (1, 2, 3)]
+                tags=frozenset({Tag.MATMUL})) for i in (1, 2, 3)]
     order = [reads_first] + [i for i in (3, 2, 1) if i != reads_first]
     steps = tuple(BackwardStep((i,), 0, 1.0) for i in order)
     return Problem((x, *hs), (0, 100, 100, 100), frozenset({1, 2, 3}), device="test", backward_steps=steps,

@@ -13,7 +13,7 @@ from remat_pass import solvers
 from remat_pass.annotate import annotate
 from remat_pass.capture import capture
 from remat_pass.rewrite import rewrite
-from remat_pass.solvers.problem import TAG_DROPOUT_REPLAY
+from remat_pass.solvers.tags import Tag
 
 from .models import make_case
 from .test_annotate import TwoLayer
@@ -51,7 +51,7 @@ def test_backward_recomputes_exactly_the_plan():
     recomputed_in_backward = {
         n.name for n in backward.graph.nodes if n.op == "call_function" and n.name in forward_names
     }
-    replayed = {annotated.nodes[i].name for i in plan.recomputed if TAG_DROPOUT_REPLAY in annotated.problem.values[i].tags}
+    replayed = {annotated.nodes[i].name for i in plan.recomputed if Tag.DROPOUT_REPLAY in annotated.problem.values[i].tags}
     assert replayed, "CPU fp32 dropout outputs are rebuilt from their masks"
     assert recomputed_in_backward == names - replayed  # replayed outputs became mask products
     saved = [n for n in backward.graph.nodes if n.op == "placeholder" and not n.name.startswith("tangents")]

@@ -34,7 +34,7 @@ from remat_pass.solvers import _mip
 from remat_pass.solvers import _run
 from remat_pass.solvers._model import rounding_for
 from remat_pass.solvers.baselines import articulation_chain, block_of
-from remat_pass.solvers.problem import TAG_ATTENTION_CORE, TAG_RANDOM, TAG_VIEW
+from remat_pass.solvers.tags import Tag
 
 # "ilp_peak" bounds the simulated peak, not saved bytes: tests/test_peak.py covers it.
 SAVED_SOLVERS = sorted(name for name in SOLVERS if name != "ilp_peak")
@@ -89,7 +89,7 @@ def skip() -> Problem:
 def view() -> Problem:
     """v is a view of m (same storage): keeping both costs the storage once."""
     return problem_of(
-        [("x", (), 0, 0.0, AVAILABLE), ("m", ("x",), 1, 10.0), ("v", ("m",), 1, 0.0, {"tags": frozenset({TAG_VIEW})}),
+        [("x", (), 0, 0.0, AVAILABLE), ("m", ("x",), 1, 10.0), ("v", ("m",), 1, 0.0, {"tags": frozenset({Tag.VIEW})}),
          ("y", ("v",), 2, 1.0)],
         [0, 400, 400], {"m", "v", "y"},
     )
@@ -106,7 +106,7 @@ def tuple_node() -> Problem:
 
 def random_op() -> Problem:
     """native_dropout: a random tuple op; its outputs can be kept, never recomputed."""
-    random = {"keepable": False, "recomputable": False, "tags": frozenset({TAG_RANDOM})}
+    random = {"keepable": False, "recomputable": False, "tags": frozenset({Tag.RANDOM})}
     return problem_of(
         [("x", (), 0, 0.0, AVAILABLE), ("a", ("x",), 1, 2.0), ("t", ("a",), 2, 1.0, random),
          ("out", ("t",), 3, 0.0), ("mask", ("t",), 4, 0.0), ("y", ("out",), 5, 2.0)],
@@ -118,7 +118,7 @@ def random_small_child() -> Problem:
     """Keeping the random op's big output beats keeping its small child plus the next output."""
     return problem_of(
         [("x", (), 0, 0.0, AVAILABLE), ("a", ("x",), 1, 2.0),
-         ("r", ("a",), 2, 1.0, {"recomputable": False, "tags": frozenset({TAG_RANDOM})}),
+         ("r", ("a",), 2, 1.0, {"recomputable": False, "tags": frozenset({Tag.RANDOM})}),
          ("s", ("r",), 3, 1.0), ("y", ("r",), 4, 2.0)],
         [0, 100, 100, 4, 100], {"s", "y"},
     )
@@ -128,7 +128,7 @@ def transformer() -> Problem:
     """Embedding, two attention blocks (qkv, scores, softmax, context, proj, residual)."""
     specs: list[tuple] = [("x", (), 0, 0.0, AVAILABLE), ("h0", ("x",), 1, 1.0, {"module": "embed"})]
     sizes = [0, 100]
-    core = frozenset({TAG_ATTENTION_CORE})
+    core = frozenset({Tag.ATTENTION_CORE})
     h = "h0"
     for layer in range(2):
         m = f"blocks.{layer}"
