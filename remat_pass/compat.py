@@ -198,11 +198,19 @@ def cuda_allocator_events(fn: Callable[[], T], device: torch.device) -> tuple[T,
     and ``_snapshot``). A block is counted when allocated and when its free completes (when
     ``memory_allocated`` drops); frees of blocks allocated before the call are left out, so the
     timeline starts at 0 as on the CPU.
+
+    Recording the history is switched on for the call and off after it, unless the user's own
+    recording was on (``_cuda_history_enabled``): then it stays on, with its history kept. Torch
+    can say whether recording is on but not with which options, so those cannot be restored: the
+    recording goes on with torch's default tracebacks (``context="all"``, ``stacks="all"``) and a
+    ring of ``_CUDA_TRACE_ENTRIES``; call ``_record_memory_history`` again to set others. (A torch
+    without the check, none known, gets the recording switched off after the call, as before.)
     """
     from torch.cuda import memory as cuda_memory
 
     index = device.index if device.index is not None else torch.cuda.current_device()
     torch.cuda.synchronize(device)
+    users_recording = _cuda_history_enabled()
     cuda_memory._record_memory_history(enabled="all", context=None, stacks="python",
                                        max_entries=_CUDA_TRACE_ENTRIES)
     try:
@@ -211,8 +219,19 @@ def cuda_allocator_events(fn: Callable[[], T], device: torch.device) -> tuple[T,
         torch.cuda.synchronize(device)
         trace = cuda_memory._snapshot()["device_traces"][index][start:]
     finally:
-        cuda_memory._record_memory_history(enabled=None)
+        if users_recording:
+            cuda_memory._record_memory_history(enabled="all", context="all", stacks="all",
+                                               max_entries=_CUDA_TRACE_ENTRIES)
+        else:
+            cuda_memory._record_memory_history(enabled=None)
     return result, _allocator_trace_events(trace)
+
+
+def _cuda_history_enabled() -> bool:
+    """Whether the CUDA allocator is recording its history (private: the check inductor's
+    cudagraph trees make, ``torch._C._cuda_isHistoryEnabled``); False where torch lacks it."""
+    query = getattr(torch._C, "_cuda_isHistoryEnabled", None)
+    return bool(query()) if query is not None else False
 
 
 def _allocator_trace_events(trace: list[dict[str, Any]]) -> list[tuple[int, int, int]]:

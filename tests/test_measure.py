@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from remat_pass.measure import allocator_peak, held_bytes, saved_activation_bytes
@@ -94,3 +95,35 @@ def test_cuda_allocator_history_is_replayed_in_order():
     assert events == [(1, 0, 1024), (3, 1024, 512), (5, 0, -1024), (6, 0, 256)]
     measured = _replay(events, [])
     assert (measured.peak, measured.end) == (1536, 768)
+
+
+@pytest.mark.parametrize("users_recording", [False, True])
+def test_cuda_allocator_history_recording_is_left_as_the_user_had_it(monkeypatch, users_recording):
+    """The switching around a CUDA measurement (no GPU on CI: the allocator's recorder is a fake
+    that keeps its state): the user's own recording stays on, with its history; else it goes off."""
+    from torch.cuda import memory as cuda_memory
+
+    from remat_pass import compat
+
+    recorder = {"on": users_recording, "trace": [{"action": "alloc", "addr": 8, "size": 64}] * users_recording}
+
+    def record(enabled="all", **options):
+        recorder["on"] = enabled is not None
+        recorder["options"] = options
+
+    def snapshot():
+        return {"device_traces": [list(recorder["trace"])] if recorder["on"] else [[]]}
+
+    def step():
+        recorder["trace"].append({"action": "alloc", "addr": 0, "size": 1024})
+        return "result"
+
+    monkeypatch.setattr(torch._C, "_cuda_isHistoryEnabled", lambda: recorder["on"], raising=False)
+    monkeypatch.setattr(cuda_memory, "_record_memory_history", record)
+    monkeypatch.setattr(cuda_memory, "_snapshot", snapshot)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    result, events = compat.cuda_allocator_events(step, torch.device("cuda", 0))
+    assert (result, events) == ("result", [(0, 0, 1024)])  # the user's earlier entries are not this call's
+    assert recorder["on"] is users_recording
+    if users_recording:
+        assert recorder["options"]["context"] == "all" and len(recorder["trace"]) == 2
