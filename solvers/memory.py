@@ -73,7 +73,7 @@ def _transient_bytes(problem: Problem, plan: Plan, value: int) -> int:
     return v.scratch_bytes
 
 
-def _forward_computed(problem: Problem, kept: frozenset[int]) -> list[int]:
+def forward_computed(problem: Problem, kept: frozenset[int]) -> list[int]:
     """Values the forward graph computes: ancestors of its outputs and of kept values."""
     wanted = set(problem.forward_outputs) | set(kept)
     stack = list(wanted)
@@ -98,7 +98,7 @@ def _offload_lifetimes(problem: Problem, plan: Plan) -> tuple[dict[int, int], di
 
 def _forward_live(problem: Problem, plan: Plan) -> tuple[tuple[int, ...], set[int]]:
     """Live bytes after each forward value is computed; and the storages alive at the end."""
-    computed = _forward_computed(problem, plan.kept | plan.offloaded)
+    computed = forward_computed(problem, plan.kept | plan.offloaded)
     in_forward = set(computed)
     values = problem.values
     survivors = {values[i].storage for i in plan.kept | (problem.forward_outputs & in_forward)}

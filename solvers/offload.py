@@ -37,7 +37,7 @@ import bisect
 from dataclasses import dataclass
 
 from ._graph import effectively_recomputable, relevant_values
-from .memory import _forward_computed, backward_lifetimes, backward_steps_of, read_spans
+from .memory import backward_lifetimes, forward_computed, backward_steps_of, read_spans
 from .problem import Plan, Problem
 from .tags import Tag
 
@@ -206,7 +206,7 @@ def _forward_sends(problem: Problem, plan: Plan, storages: list[int], creators: 
                    seconds: dict[int, float]) -> tuple[dict[int, tuple[float, float, int]], float]:
     """(start, end, wait_after) per storage in forward, and the forward's exposed time."""
     values = problem.values
-    computed = _forward_computed(problem, plan.kept | plan.offloaded)
+    computed = forward_computed(problem, plan.kept | plan.offloaded)
     in_forward = set(computed)
     clock, end_of, ends = 0.0, {}, []
     for i in computed:

@@ -27,16 +27,17 @@ import logging
 import time
 from dataclasses import dataclass
 
-import pulp
 
 from . import baselines
-from ._mip import fraction, resolve_backend, run_mip
-from ._model import Model, build, plan_from, rounding_for, time_weights, weights_for
+from ._mip import resolve_backend, run_mip
+from ._model import plan_from, rounding_for, time_weights, weights_for
 from ._run import solve_once
 from .errors import BudgetInfeasibleError
-from .memory import PlanMemory, backward_lifetimes, backward_steps_of, read_spans, simulate_plan
+from .exact_rows import ExactRowPlaces
+from .memory import PlanMemory, backward_lifetimes, backward_steps_of, simulate_plan
 from .peak_rows import PeakRows, cuts_at
 from .refresh import refresh_to_fit
+from .saved_cap_rows import CapPeakModel, pinned_bytes, row_holds, tighten_saved
 from .problem import Plan, Problem
 from .registry import Decision, planner
 from .status import DEFAULT_TIME_LIMIT, BudgetKind, Status, relative_gap
@@ -51,6 +52,14 @@ PROBE_FRACTIONS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7)
 PROBE_TIME_LIMIT = 30.0
 # Multiple recomputation of overshooting plans may run this share of the time limit past it.
 REFRESH_SHARE = 0.2
+# Share of the time limit the exact rows (``exact_rows``) may use, after the other searches.
+EXACT_SHARE = 0.25
+# Each exact round's solve gets at least this long (or a third of the share, if longer): its
+# bound and plan improve slowly with time, while a new row often moves them at once.
+EXACT_ROUND_SECONDS = 3.0
+EXACT_ROUND_MIN = 0.5  # no round starts with less time than this left
+# A round that raises the bound by less than this (relative) and finds no cheaper plan ends them.
+EXACT_PROGRESS = 0.01
 # A plan this close (relative) to the proven lower bound is called optimal.
 PROVEN_GAP = 1e-6
 
@@ -59,67 +68,6 @@ PROVEN_GAP = 1e-6
 class _Candidate:
     plan: Plan
     memory: PlanMemory
-
-
-class _PeakModel:
-    """The saved-bytes model plus the peak rows added so far."""
-
-    def __init__(self, problem: Problem, peak_budget: int, pinned_bytes: int, saved_cap: int) -> None:
-        self.problem = problem
-        self.rounding = rounding_for(problem)
-        cap = saved_cap if saved_cap < problem.keep_all_bytes() else None
-        self.model: Model = build(problem, self.rounding, cap, weights_for(problem))
-        self.peak_budget = peak_budget
-        self.pinned_bytes = pinned_bytes
-        self.first_read, self.last_read = read_spans(problem)
-        self.rows = 0
-        self.heuristic_rows = 0  # rows that may cut off a fitting plan: no optimality claim then
-
-    def _alive_row(self, keep_terms: dict[int, list[int]], recompute_terms: dict[int, list[int]], room: int) -> None:
-        """sum over storages of bytes * alive_s <= room, alive_s >= each listed k_v / r_v."""
-        lp, model, q = self.model.lp, self.model, self.rounding.quantum
-        storages = sorted(set(keep_terms) | set(recompute_terms))
-        if not storages:
-            return
-        self.rows += 1
-        alive = {s: fraction(lp, f"alive{self.rows}_{s}") for s in storages}
-        for s in storages:
-            for v in keep_terms.get(s, ()):
-                if v in model.keep:
-                    lp += alive[s] >= model.keep[v], f"alive{self.rows}_k{v}"
-            for v in recompute_terms.get(s, ()):
-                if v in model.recompute:
-                    lp += alive[s] >= model.recompute[v], f"alive{self.rows}_r{v}"
-        sizes = self.problem.storage_bytes
-        lp += pulp.lpSum(-(-sizes[s] // q) * alive[s] for s in storages) <= max(room, 0) // q, f"peak{self.rows}"
-
-    def add_valid_row(self, step: int) -> bool:
-        """Storages that any plan keeping/recomputing them has alive at backward ``step``."""
-        problem, values = self.problem, self.problem.values
-        keep_terms: dict[int, list[int]] = {}
-        recompute_terms: dict[int, list[int]] = {}
-        for v, last in self.last_read.items():
-            storage = values[v].storage
-            if problem.storage_bytes[storage] == 0 or last < step:
-                continue
-            keep_terms.setdefault(storage, []).append(v)
-            if self.first_read[v] <= step:
-                recompute_terms.setdefault(storage, []).append(v)
-        room = self.peak_budget - self.pinned_bytes - backward_steps_of(problem)[step].working_bytes
-        self._alive_row(keep_terms, recompute_terms, room)
-        return True
-
-    def add_no_good_row(self, plan: Plan, alive_storages: set[int], working: int) -> None:
-        """Forbid this plan's set of storages alive together at its peak."""
-        self.heuristic_rows += 1
-        values = self.problem.values
-        keep_terms: dict[int, list[int]] = {}
-        recompute_terms: dict[int, list[int]] = {}
-        for v in plan.kept | plan.recomputed:
-            storage = values[v].storage
-            if storage in alive_storages:
-                (keep_terms if v in plan.kept else recompute_terms).setdefault(storage, []).append(v)
-        self._alive_row(keep_terms, recompute_terms, self.peak_budget - self.pinned_bytes - working)
 
 
 def _alive_at_peak(problem: Problem, plan: Plan, memory: PlanMemory) -> tuple[int | None, set[int], int]:
@@ -138,10 +86,6 @@ def _alive_at_peak(problem: Problem, plan: Plan, memory: PlanMemory) -> tuple[in
     return step, alive, working
 
 
-def _pinned_bytes(problem: Problem) -> int:
-    return problem.bytes_of(problem.forward_outputs)
-
-
 @planner("ilp_peak", description="the ILP with simulated peak rows: the budget bounds the step's activation peak",
          exact=False, bounds=BudgetKind.PEAK)
 def solve_peak(
@@ -154,6 +98,7 @@ def solve_peak(
     threads: int | None = None,
     cap_solver: str = "ilp",
     host_budget_bytes: int | None = None,
+    exact_share: float = EXACT_SHARE,
 ) -> Decision:
     """The least recompute time whose simulated activation peak is at most ``budget_bytes``.
 
@@ -163,8 +108,10 @@ def solve_peak(
     bound device bytes, ``host_budget_bytes`` the host's; no peak rows either). Plans are
     ranked by predicted extra time: recompute plus exposed transfer time.
 
-    With ``cap_solver="ilp"``: the valid peak rows first (a proven lower bound, then plans and
-    cuts), then the saved-bytes-cap search; the other cap solvers only run that search. The
+    With ``cap_solver="ilp"``: the valid peak rows first (a proven lower bound), then exact rows
+    where its plans peak (``exact_rows``: a tighter bound, more plans, and optimality when the
+    relaxation's own optimum fits; at most ``exact_share`` of the time limit, after the other
+    searches), then plans and cuts, then the saved-bytes-cap search; the other cap solvers only run that search. The
     baselines are candidates throughout. Raises BudgetInfeasibleError (kind "peak") with the
     lowest peak found when nothing fits.
     """
@@ -177,6 +124,8 @@ def solve_peak(
         raise ValueError(f"cap_solver must be 'ilp', 'fast' or 'ilp_offload', got {cap_solver!r}")
     search = _Search(problem, budget_bytes, resolve_backend(backend), began + time_limit, threads, cap_solver)
     search.host_budget_bytes = host_budget_bytes
+    if not 0.0 <= exact_share <= 1.0:
+        raise ValueError(f"exact_share must be a fraction of the time limit in [0, 1], got {exact_share!r}")
     if cap_solver == "ilp_offload":  # its MIP rarely closes its gap: give each cap a share, not all
         search.cap_seconds = time_limit / 8
     search.candidates += [_Candidate(p, simulate_plan(problem, p)) for p in baselines.heuristic_plans(problem)]
@@ -188,6 +137,8 @@ def solve_peak(
         search.over_saved_cap(keep_all_memory)
         if search.overshooting_cap is not None and cap_solver == "ilp":
             search.with_peak_rows(search.overshooting_cap, rounds)
+    if search.relaxed_plan is not None:  # last: the others are quick, and these rounds use what is left
+        bound = search.exact_rounds(search.relaxed_plan, bound, min(search._left(), exact_share * time_limit))
     search.refresh_cheaper(budget_bytes, began + time_limit * (1 + REFRESH_SHARE))
     fitting = [c for c in search.candidates if c.memory.peak_bytes <= budget_bytes]
     if not fitting:
@@ -221,6 +172,7 @@ class _Search:
         self.proven_infeasible = False  # the relaxation of the peak rows has no solution
         self.host_budget_bytes: int | None = None  # for cap_solver "ilp_offload"
         self.cap_seconds: float | None = None  # at most this long per cap solve (None: all that is left)
+        self.relaxed_plan: Plan | None = None  # the plan of the valid rows' relaxation
 
     def _left(self) -> float:
         return self.deadline - time.perf_counter()
@@ -320,9 +272,57 @@ class _Search:
             return None
         bound = outcome.bound * unit if outcome.bound is not None else None
         if outcome.plan is not None:
-            self._add(outcome.plan)
+            self.relaxed_plan = self._add(outcome.plan).plan
         self._rounds(rounds, self._left() / 2)  # the cap search and its rounds get the rest
         return bound
+
+    def exact_rounds(self, plan: Plan, bound: float | None, seconds: float) -> float | None:
+        """Tighten the relaxation where its plan peaks (``exact_rows``) while that helps.
+
+        Each round adds an exact row where the last plan overshot (the op of a backward step,
+        the moment a value is made, or a forward value) and solves again: every round's bound
+        is a proven lower bound (the best is returned) and every plan a candidate. When the
+        relaxation's own optimum fits, it is the optimum. The MIP with these rows closes its gap
+        slowly, so rounds stop once one neither raises the bound by ``EXACT_PROGRESS`` nor finds
+        a cheaper plan that fits.
+        """
+        problem, relaxed = self.problem, rounding_for(self.problem).optimistic()
+        weights, unit = time_weights(problem)
+        deadline, rows = time.perf_counter() + seconds, ExactRowPlaces(problem)
+        per_round = max(EXACT_ROUND_SECONDS, seconds / 3)
+        logger.debug("ilp_peak: exact rows get %.1f s (bound %s)", seconds, bound)
+        while time.perf_counter() < deadline - EXACT_ROUND_MIN:
+            best = self._best_fitting()
+            if best is not None and bound is not None and best <= bound * (1 + PROVEN_GAP):
+                break  # proven optimal already
+            memory = simulate_plan(problem, plan)
+            if memory.peak_bytes <= self.budget:
+                break  # the relaxation's optimum fits: optimal (when the MIP was solved), or no row to add
+            if not rows.add_where(plan, memory):
+                break  # what no exact row models (a second tensor): no progress here
+            outcome = solve_once(problem, None, rounding=relaxed, weights=weights, backend=self.backend,
+                                 time_limit=max(min(deadline - time.perf_counter(), per_round), 0.1),
+                                 threads=self.threads, extension=rows.extension(self.budget, relaxed))
+            raised = outcome.bound is not None and outcome.bound * unit > (bound or 0.0) * (1 + EXACT_PROGRESS)
+            if outcome.bound is not None:
+                bound = max(bound or 0.0, outcome.bound * unit)
+            if outcome.plan is None:
+                logger.debug("ilp_peak: exact rows: %s, no plan", outcome.status)
+                break
+            candidate = self._add(outcome.plan)
+            plan = candidate.plan
+            logger.debug("ilp_peak: exact rows at steps %s, events %s (%s): %.4g s, peak %d (budget %d), bound %s",
+                         rows.steps, rows.events, outcome.status, plan.predicted_extra_seconds, candidate.memory.peak_bytes, self.budget, bound)
+            cheaper = candidate.memory.peak_bytes <= self.budget and (
+                best is None or plan.predicted_extra_seconds < best * (1 - PROVEN_GAP))
+            if not (raised or cheaper):
+                break
+        return bound
+
+    def _best_fitting(self) -> float | None:
+        """The least predicted extra time of a candidate that fits, None when none does."""
+        return min((c.plan.predicted_extra_seconds for c in self.candidates if c.memory.peak_bytes <= self.budget),
+                   default=None)
 
     def _rounds(self, rounds: int, reserve: float) -> None:
         """ILP plans under the conservative peak rows, tightened by cuts or a margin while they
@@ -339,6 +339,7 @@ class _Search:
                                      cuts, key=lambda c: (c.step, c.storage, c.literals))), transients=True,
                                      kept_readers=True))
             if outcome.plan is None:
+                logger.debug("ilp_peak: exact rows: %s, no plan", outcome.status)
                 break
             candidate = self._add(outcome.plan)
             logger.debug("ilp_peak: step rows, margin %d, %d cuts: kept %d, peak %d (budget %d)", margin, len(cuts),
@@ -382,7 +383,7 @@ class _Search:
 
     def with_peak_rows(self, cap: int, rounds: int) -> None:
         """From a cap whose plan overshoots, add peak rows until a plan fits (or rounds run out)."""
-        peak_model = _PeakModel(self.problem, self.budget, _pinned_bytes(self.problem), saved_cap=cap)
+        peak_model = CapPeakModel(self.problem, self.budget, pinned_bytes(self.problem), saved_cap=cap)
         for round_index in range(rounds):
             if self._left() <= 0.1:
                 break
@@ -400,35 +401,11 @@ class _Search:
                 return
             step, alive, working = _alive_at_peak(self.problem, plan, memory)
             if step is None:
-                _tighten_saved(peak_model, plan)
+                tighten_saved(peak_model, plan)
                 continue
             peak_model.add_valid_row(step)
-            if _row_holds(self.problem, plan, step, self.budget, peak_model.pinned_bytes):
+            if row_holds(self.problem, plan, step, self.budget, peak_model.pinned_bytes):
                 peak_model.add_no_good_row(plan, alive, working)
-
-
-def _row_holds(problem: Problem, plan: Plan, step: int, budget_bytes: int, pinned: int) -> bool:
-    """Whether the valid row at ``step`` is already satisfied by ``plan`` (so it cannot help)."""
-    first, last = read_spans(problem)
-    values = problem.values
-    storages = set()
-    for v in plan.kept:
-        if last.get(v, -1) >= step:
-            storages.add(values[v].storage)
-    for v in plan.recomputed:
-        if first.get(v, step + 1) <= step <= last.get(v, -1):
-            storages.add(values[v].storage)
-    used = sum(problem.storage_bytes[s] for s in storages)
-    return used + pinned + backward_steps_of(problem)[step].working_bytes <= budget_bytes
-
-
-def _tighten_saved(peak_model: _PeakModel, plan: Plan) -> None:
-    """The forward peak is over: ask for fewer kept bytes than this plan keeps."""
-    lp, model, q = peak_model.model.lp, peak_model.model, peak_model.rounding.quantum
-    peak_model.rows += 1
-    peak_model.heuristic_rows += 1
-    lp += pulp.lpSum(peak_model.rounding.units(s) * g for s, g in model.paid.items()) <= max(
-        plan.kept_bytes - q, 0) // q, f"saved{peak_model.rows}"
 
 
 def _finish(plan: Plan, memory: PlanMemory, status: Status, gap: float | None) -> Decision:

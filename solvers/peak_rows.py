@@ -222,7 +222,7 @@ def cuts_at(problem: Problem, plan: Plan, step: int, alive: set[int]) -> list[Cu
     for v in last:
         members.setdefault(values[v].storage, []).append(v)
     users = problem.users
-    earliest = _earliest_need(problem, first)
+    earliest = earliest_need(problem, first)
     found = []
     for storage in sorted(alive):
         if len(members.get(storage, ())) != 1:
@@ -239,7 +239,7 @@ def cuts_at(problem: Problem, plan: Plan, step: int, alive: set[int]) -> list[Cu
     return found
 
 
-def _earliest_need(problem: Problem, first: dict[int, int]) -> list[int]:
+def earliest_need(problem: Problem, first: dict[int, int]) -> list[int]:
     """For each value, the first backward step reading it or any value computed from it:
     no plan materializes it, or uses it to materialize another, before then."""
     never = len(backward_steps_of(problem)) + 1

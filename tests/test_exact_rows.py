@@ -1,0 +1,95 @@
+"""The exact peak rows (``solvers.exact_rows``): every plan that fits satisfies them (so the peak
+planner's bound stays a proven lower bound), and at an op they count exactly what the simulator
+holds (so they are as tight as the schedule allows)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from remat_pass.solvers import baselines
+from remat_pass.solvers._graph import relevant_values
+from remat_pass.solvers._mip import run_mip
+from remat_pass.solvers._model import Rounding, build, rounding_for, time_weights
+from remat_pass.solvers.exact_rows import ExactStepRows
+from remat_pass.solvers.memory import backward_lifetimes, backward_steps_of, second_tensors, simulate_plan
+from remat_pass.solvers.problem import Plan, Problem, closure_from_keep_set
+
+from .models import make_case
+
+
+@pytest.fixture(scope="module")
+def gpt_step() -> Problem:
+    """A traced two-layer GPT step with dropout, its loss included: tuples (layer norm), views,
+    replayed dropout, attention."""
+    from remat_pass.pipeline import trace_step
+
+    torch._dynamo.reset()
+    model, inputs, loss = make_case("gpt")
+    problem = trace_step(model, inputs, loss_fn=loss, device="cpu").problem
+    torch._dynamo.reset()
+    return problem
+
+
+def _plans(problem: Problem, count: int, seed: int = 0) -> list[Plan]:
+    """The baselines and random keep-set closures: plans of every shape."""
+    rng = random.Random(seed)
+    keepable = sorted(v for v in relevant_values(problem) if problem.values[v].keepable)
+    plans = [Plan(problem, p.kept, p.recomputed, "baseline") for p in baselines.heuristic_plans(problem)]
+    for _ in range(count):
+        share = rng.choice((0.1, 0.4, 0.8))
+        kept, recomputed = closure_from_keep_set(problem, [v for v in keepable if rng.random() < share])
+        plans.append(Plan(problem, kept, recomputed, "random"))
+    return plans
+
+
+def _rows_admit(problem: Problem, plan: Plan, budget: int, rows: ExactStepRows) -> bool:
+    """Whether the model with these rows, its choices fixed to ``plan``'s, has a solution."""
+    model = build(problem, rows.rounding, None, time_weights(problem)[0])
+    rows.add(model)
+    for v, variable in model.keep.items():
+        variable.lowBound = variable.upBound = int(v in plan.kept)
+    for v, variable in model.recompute.items():
+        variable.lowBound = variable.upBound = int(v in plan.recomputed)
+    status = run_mip(model.lp, backend="highs", time_limit=60).status
+    assert status in ("optimal", "infeasible"), status
+    return status == "optimal"
+
+
+def _check_plans(problem: Problem, count: int, every_step: bool) -> None:
+    """Rows at the plan's peak step and a sample of others (``every_step``: all of them)."""
+    exact = Rounding(quantum=1, storage_bytes=rounding_for(problem).storage_bytes, up=False)
+    rng = random.Random(1)
+    total = len(backward_steps_of(problem))
+    tight = 0
+    for plan in _plans(problem, count):
+        memory = simulate_plan(problem, plan)
+        events = backward_lifetimes(problem, plan)[0]
+        peak_step = events[memory.peak_index].step
+        sample = range(total) if every_step else rng.sample(range(total), min(12, total))
+        steps = tuple(sorted({peak_step, *sample}))
+        made = tuple((e.step, e.value) for e in events if e.value is not None and (every_step or e.step in steps))
+        elsewhere = tuple((rng.randrange(total), rng.randrange(len(problem.values))) for _ in range(8))
+        budget = memory.backward_peak
+
+        def rows(at: int) -> ExactStepRows:
+            return ExactStepRows(problem, at, exact, steps=steps, events=made + elsewhere)
+
+        assert _rows_admit(problem, plan, budget, rows(budget)), plan.solver  # valid: the bound stays a bound
+        at_op = events[memory.peak_index].value is None and memory.peak_phase == "backward"
+        pinned = {problem.values[i].storage for i in problem.forward_outputs}
+        if at_op and not second_tensors(problem, plan, pinned):
+            assert not _rows_admit(problem, plan, budget - 1, rows(budget - 1)), plan.solver  # exact there
+            tight += 1
+    assert tight >= 2  # the exactness claim was exercised
+
+
+def test_every_plan_satisfies_the_rows_at_its_peak_and_an_op_peak_is_counted_exactly(gpt_step):
+    _check_plans(gpt_step, 4, every_step=False)
+
+
+@pytest.mark.slow
+def test_the_same_with_rows_at_every_step_on_more_plans(gpt_step):
+    _check_plans(gpt_step, 12, every_step=True)
