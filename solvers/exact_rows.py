@@ -208,10 +208,11 @@ class ExactStepRows(PeakRows):
         for v, read_last in last.items():
             if read_last < step:
                 continue
-            if v in model.keep:
-                self._add_alive(alive, v, model.keep[v])
-            if v in made_then:  # (every value recomputable and read by ``step`` is in it)
-                self._add_alive(alive, v, made_then[v])
+            # Kept, or made already (every value recomputable and read by ``step`` is in
+            # ``made_then``): a plan does at most one, so one literal k_v + m_v (as ``PeakRows``).
+            literal = [term for term in (model.keep.get(v), made_then.get(v)) if term is not None]
+            if literal:
+                self._add_alive(alive, v, literal[0] if len(literal) == 1 else literal[0] + literal[1])
         # A value that is there (kept, or made already) lives until its recomputed readers are made.
         there = [*model.keep.items(), *made_then.items()]
         for u, present in there:

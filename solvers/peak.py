@@ -339,7 +339,7 @@ class _Search:
                                      cuts, key=lambda c: (c.step, c.storage, c.literals))), transients=True,
                                      kept_readers=True))
             if outcome.plan is None:
-                logger.debug("ilp_peak: exact rows: %s, no plan", outcome.status)
+                logger.debug("ilp_peak: step rows: %s, no plan", outcome.status)
                 break
             candidate = self._add(outcome.plan)
             logger.debug("ilp_peak: step rows, margin %d, %d cuts: kept %d, peak %d (budget %d)", margin, len(cuts),

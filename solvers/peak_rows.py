@@ -104,19 +104,18 @@ class PeakRows:
         for name, t, working in rows:
             terms = []
             for storage, members in by_storage.items():
-                alive = [model.keep[v] for v in members if last[v] >= t and v in model.keep]
-                alive += [model.recompute[v] for v in members if first[v] <= t <= last[v] and v in model.recompute]
+                alive = [literal for v in members if (literal := _alive_literal(model, v, t, first, last)) is not None]
                 if until.get(storage, -1) >= t and storage in model.paid:
                     alive.append(model.paid[storage])
                 if not alive:
                     continue
                 size = self._units(problem.storage_bytes[storage])
-                if len(alive) == 1:
+                if len(alive) == 1 and isinstance(alive[0], pulp.LpVariable):
                     terms.append(size * alive[0])
                 else:  # views of one storage: paid once however many are alive
                     either = fraction(lp, f"alive{name}_{storage}")
-                    for variable in alive:
-                        lp += either >= variable, f"alive{name}_{storage}_{variable.name}"
+                    for index, literal in enumerate(alive):
+                        lp += either >= literal, f"alive{name}_{storage}_{index}"
                     terms.append(size * either)
             if name.startswith("c"):
                 terms += self._cut_terms(model, t)
@@ -173,6 +172,18 @@ class PeakRows:
 
     def plan_from(self, problem: Problem, model: Model, result: MipResult, **fields: object) -> Plan:
         return plan_from(problem, model, result, **fields)
+
+
+def _alive_literal(model: Model, v: int, t: int, first: dict[int, int], last: dict[int, int]) -> object:
+    """What makes ``v``'s storage alive at step ``t`` for sure: kept and read at or after ``t``,
+    or recomputed and read around ``t``. Where both apply the literal is ``k_v + r_v``: a plan
+    does one or the other, and backward's read makes it do one, so the LP relaxation cannot
+    pay half of each (with two literals it could claim the storage half alive)."""
+    kept = model.keep.get(v) if last[v] >= t else None
+    made = model.recompute.get(v) if first[v] <= t <= last[v] else None
+    if kept is not None and made is not None:
+        return kept + made
+    return kept if kept is not None else made
 
 
 def kept_until(problem: Problem, first: dict[int, int], last: dict[int, int]) -> dict[int, int]:
