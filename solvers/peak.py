@@ -34,6 +34,7 @@ from ._model import plan_from, rounding_for, time_weights, weights_for
 from ._run import solve_once
 from .errors import BudgetInfeasibleError
 from .exact_rows import ExactRowPlaces
+from .local_search import improve
 from .memory import PlanMemory, backward_lifetimes, backward_steps_of, simulate_plan
 from .peak_rows import PeakRows, cuts_at
 from .refresh import refresh_to_fit
@@ -52,6 +53,8 @@ PROBE_FRACTIONS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7)
 PROBE_TIME_LIMIT = 30.0
 # Multiple recomputation of overshooting plans may run this share of the time limit past it.
 REFRESH_SHARE = 0.2
+# Share of the time limit for the local search from the best plan that fits (``local_search``).
+LOCAL_SHARE = 0.25
 # Share of the time limit the exact rows (``exact_rows``) may use, after the other searches.
 EXACT_SHARE = 0.25
 # Each exact round's solve gets at least this long (or a third of the share, if longer): its
@@ -137,6 +140,8 @@ def solve_peak(
         search.over_saved_cap(keep_all_memory)
         if search.overshooting_cap is not None and cap_solver == "ilp":
             search.with_peak_rows(search.overshooting_cap, rounds)
+    if cap_solver == "ilp":  # the simulator's own local search from the best plan that fits
+        search.polish(min(search._left(), LOCAL_SHARE * time_limit))
     if search.relaxed_plan is not None:  # last: the others are quick, and these rounds use what is left
         bound = search.exact_rounds(search.relaxed_plan, bound, min(search._left(), exact_share * time_limit))
     search.refresh_cheaper(budget_bytes, began + time_limit * (1 + REFRESH_SHARE))
@@ -318,6 +323,19 @@ class _Search:
             if not (raised or cheaper):
                 break
         return bound
+
+    def polish(self, seconds: float) -> None:
+        """Improve the cheapest plan that fits by moves the simulator judges (``local_search``)."""
+        fitting = [c for c in self.candidates if c.memory.peak_bytes <= self.budget and not c.plan.refreshed
+                   and not c.plan.offloaded]
+        if not fitting or seconds <= 0:
+            return
+        start = min(fitting, key=lambda c: c.plan.predicted_extra_seconds).plan
+        better = improve(self.problem, start, self.budget, time.perf_counter() + seconds)
+        if better is not start:
+            logger.debug("ilp_peak: local search %.4g s -> %.4g s", start.predicted_extra_seconds,
+                         better.predicted_extra_seconds)
+            self._add(better)
 
     def _best_fitting(self) -> float | None:
         """The least predicted extra time of a candidate that fits, None when none does."""

@@ -1,0 +1,51 @@
+"""The simulator-judged local search (``solvers.local_search``): never over budget, never costlier,
+and it finds what per-block checkpointing leaves on the table."""
+
+from __future__ import annotations
+
+import random
+import time
+from itertools import combinations
+
+import torch
+
+from remat_pass.solvers import baselines
+from remat_pass.solvers._graph import relevant_values
+from remat_pass.solvers.local_search import improve
+from remat_pass.solvers.memory import simulate_plan
+from remat_pass.solvers.problem import Plan, closure_from_keep_set
+
+from .models import make_case
+from .test_solvers import transformer
+
+
+def test_from_every_plan_that_fits_the_result_fits_and_is_no_costlier():
+    problem = transformer()
+    keepable = sorted(v for v in relevant_values(problem) if problem.values[v].keepable)
+    plans = {closure_from_keep_set(problem, keep) for size in range(len(keepable) + 1)
+             for keep in combinations(keepable, size)}
+    peaks = sorted({simulate_plan(problem, Plan(problem, k, r, "x")).peak_bytes for k, r in plans})
+    sample = random.Random(0).sample(sorted(plans, key=lambda p: (sorted(p[0]), sorted(p[1]))), min(40, len(plans)))
+    for budget in peaks[:: max(len(peaks) // 4, 1)]:
+        for kept, recomputed in sample:
+            plan = Plan(problem, kept, recomputed, "brute")
+            if simulate_plan(problem, plan).peak_bytes > budget:
+                continue
+            better = improve(problem, plan, budget, time.perf_counter() + 5)
+            assert simulate_plan(problem, better).peak_bytes <= budget
+            assert better.recompute_seconds <= plan.recompute_seconds
+
+
+def test_it_beats_per_block_checkpointing_at_its_own_peak():
+    from remat_pass.pipeline import trace_step
+
+    torch._dynamo.reset()
+    model, inputs, loss = make_case("gpt")
+    problem = trace_step(model, inputs, loss_fn=loss, device="cpu", costs="flops").problem
+    torch._dynamo.reset()
+    decision = baselines.per_block(problem)
+    per_block = Plan(problem, decision.kept, decision.recomputed, "per_block")
+    budget = simulate_plan(problem, per_block).peak_bytes
+    better = improve(problem, per_block, budget, time.perf_counter() + 30)
+    assert simulate_plan(problem, better).peak_bytes <= budget
+    assert better.recompute_seconds < 0.95 * per_block.recompute_seconds
