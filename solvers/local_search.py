@@ -27,6 +27,7 @@ from .problem import Plan, Problem, closure_from_keep_set
 
 # Graph distance (either direction) within which a kept value is tried as the one to give up.
 NEAR_HOPS = 4
+SOLVER_NAME = "local_search"  # what a plan it made says made it
 # A move must save at least this share of the plan's recompute time (float noise is no saving).
 MIN_SAVING = 1e-9
 
@@ -58,7 +59,7 @@ def _first_improvement(problem: Problem, plan: Plan, budget_bytes: int, keepable
         if time.perf_counter() >= deadline:
             return None
         kept, recomputed = closure_from_keep_set(problem, keep)
-        candidate = Plan(problem, kept, recomputed, plan.solver)
+        candidate = Plan(problem, kept, recomputed, SOLVER_NAME)
         if candidate.recompute_seconds < target and simulate_plan(problem, candidate).peak_bytes <= budget_bytes:
             return candidate
     return None

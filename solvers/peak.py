@@ -16,6 +16,11 @@ gets rows the simulator justifies, and every plan is checked on the simulator:
    step on the best cap that still overshoots) adds its plans.
 3. The checkpointing baselines (``per_block``: torch.utils.checkpoint per block) are
    candidates too, so the answer is never worse than them under this peak model.
+4. ``local_search``: from the cheapest plan that fits, moves of the keep set the simulator
+   judges (a quarter of the time limit at most).
+5. ``exact_rows``: where the relaxation's plans peak, rows that follow the just-in-time
+   schedule exactly there; each round's bound is proven, so the bound only tightens, and when
+   the relaxation's own optimum fits it is the optimum (``exact_share`` of the limit at most).
 
 The answer is the cheapest candidate whose simulated peak fits: "optimal" only when its cost
 meets the proven bound, else "feasible" with the gap to it (None when no bound was proven).
@@ -26,7 +31,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-
 
 from . import baselines
 from ._mip import resolve_backend, run_mip
@@ -111,11 +115,11 @@ def solve_peak(
     bound device bytes, ``host_budget_bytes`` the host's; no peak rows either). Plans are
     ranked by predicted extra time: recompute plus exposed transfer time.
 
-    With ``cap_solver="ilp"``: the valid peak rows first (a proven lower bound), then exact rows
-    where its plans peak (``exact_rows``: a tighter bound, more plans, and optimality when the
-    relaxation's own optimum fits; at most ``exact_share`` of the time limit, after the other
-    searches), then plans and cuts, then the saved-bytes-cap search; the other cap solvers only run that search. The
-    baselines are candidates throughout. Raises BudgetInfeasibleError (kind "peak") with the
+    With ``cap_solver="ilp"``: the valid peak rows (a proven lower bound, then plans and cuts),
+    the saved-bytes-cap search, the local search from the best plan that fits, and exact rows
+    where the relaxation's plans peak (a tighter bound; at most ``exact_share`` of the time
+    limit); the other cap solvers only run the cap search. The baselines are candidates
+    throughout. Raises BudgetInfeasibleError (kind "peak") with the
     lowest peak found when nothing fits.
     """
     began = time.perf_counter()
@@ -317,7 +321,8 @@ class _Search:
             candidate = self._add(outcome.plan)
             plan = candidate.plan
             logger.debug("ilp_peak: exact rows at steps %s, events %s (%s): %.4g s, peak %d (budget %d), bound %s",
-                         rows.steps, rows.events, outcome.status, plan.predicted_extra_seconds, candidate.memory.peak_bytes, self.budget, bound)
+                         rows.steps, rows.events, outcome.status, plan.predicted_extra_seconds,
+                         candidate.memory.peak_bytes, self.budget, bound)
             cheaper = candidate.memory.peak_bytes <= self.budget and (
                 best is None or plan.predicted_extra_seconds < best * (1 - PROVEN_GAP))
             if not (raised or cheaper):
