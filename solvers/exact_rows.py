@@ -12,23 +12,25 @@ of the plain rows claimed plans at 0.40x per-block checkpointing's recompute tim
 At a step ``t`` this module models the schedule's state exactly. For each value that may be
 recomputed, ``m_v`` ("made by ``t``") is
 
-    m_v = r_v and (first direct read of v <= t, or m_w for some recomputed user w of v),
+    m_v = r_v and (first direct read of v <= t, or m_w for some recomputed user w of v,
+                   or m of its tuple when v is a tuple's element: the rewrite unpacks it then),
 
 linearized with both directions (``m_v >= r_v`` when read by ``t``, ``m_v >= m_w + r_v - 1``;
-``m_v <= r_v``, ``m_v <= sum of users' m_w`` when not yet read): with binary keep/recompute
+``m_v <= r_v``, ``m_v <= sum of its reasons`` when not yet read): with binary keep/recompute
 choices ``m`` is forced to its true value. The storages alive at step ``t``'s op are then those
 of
 
-* a kept value read directly at or after ``t``;
-* a recomputed value made by ``t`` and read directly at or after ``t``;
-* a kept value with a recomputed user not made by ``t`` that is still needed at or after ``t``
-  (``k_u + r_w - 1 - m_w``).
+* a value kept, or made by ``t``, and read directly at or after ``t`` (one literal
+  ``k_v + m_v``: a plan does one or the other);
+* a value kept, or made by ``t``, with a recomputed reader not made by ``t`` that is still
+  needed at or after ``t`` (``k_u + r_w - 1 - m_w``): it lives until that reader is made.
 
-That is the simulator's set at the op, less what the model leaves out everywhere (a value
-alive only between materializations, kernel scratch, a second tensor of a kept storage), so
-every plan that fits satisfies these rows: the model stays a relaxation, and its bound a proven
-lower bound, only tighter. Each step adds a variable per value, so rows are added lazily, at the
-steps where the relaxation's plan peaks (``solvers.peak``).
+That is the simulator's set at the op, less what the model leaves out (a second tensor of a kept
+storage), so every plan that fits satisfies these rows: the model stays a relaxation, and its
+bound a proven lower bound, only tighter. Rows of the same kind are placed at the moment a
+value is made for a step (the previous step's working set is still there) and after a forward
+value. Each step adds a variable per value, so rows are added lazily, at the places where the
+relaxation's plan peaks (``ExactRowPlaces``, used by ``solvers.peak``).
 """
 
 from __future__ import annotations
