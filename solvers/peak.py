@@ -298,7 +298,7 @@ class _Search:
         problem, relaxed = self.problem, rounding_for(self.problem).optimistic()
         weights, unit = time_weights(problem)
         deadline, rows = time.perf_counter() + seconds, ExactRowPlaces(problem)
-        per_round = max(EXACT_ROUND_SECONDS, seconds / 3)
+        per_round = max(EXACT_ROUND_SECONDS, seconds)
         logger.debug("ilp_peak: exact rows get %.1f s (bound %s)", seconds, bound)
         while time.perf_counter() < deadline - EXACT_ROUND_MIN:
             best = self._best_fitting()
