@@ -29,6 +29,7 @@ _EXPORTS = {
     "BudgetInfeasibleError": "remat_pass.errors",
     "CaptureError": "remat_pass.errors",
     "SolverError": "remat_pass.errors",
+    "SolverOptionError": "remat_pass.errors",
     "SolverUnavailableError": "remat_pass.errors",
 }
 
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
         InvalidBudgetError,
         RematError,
         SolverError,
+        SolverOptionError,
         SolverUnavailableError,
     )
     from .measure import saved_activation_bytes

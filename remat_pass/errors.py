@@ -5,7 +5,13 @@ The planner-side types live in the torch-free ``solvers`` package and are re-exp
 
 from __future__ import annotations
 
-from remat_pass.solvers.errors import BudgetInfeasibleError, RematError, SolverError, SolverUnavailableError
+from remat_pass.solvers.errors import (
+    BudgetInfeasibleError,
+    RematError,
+    SolverError,
+    SolverOptionError,
+    SolverUnavailableError,
+)
 
 __all__ = [
     "RematError",
@@ -13,6 +19,7 @@ __all__ = [
     "BudgetInfeasibleError",
     "CaptureError",
     "SolverError",
+    "SolverOptionError",
     "SolverUnavailableError",
 ]
 

@@ -30,11 +30,14 @@ when the time limit cut the search short.
 
 from __future__ import annotations
 
+import inspect
+
 from .baselines import BASELINES
 from .errors import (
     BudgetInfeasibleError,
     RematError,
     SolverError,
+    SolverOptionError,
     SolverUnavailableError,
 )
 from .fast import solve_fast
@@ -55,8 +58,26 @@ from .status import DEFAULT_TIME_LIMIT, BudgetKind, Status
 
 
 def solve(problem: Problem, budget_bytes: int | None = None, solver: str = "ilp", **options: object) -> Plan:
-    """Plan with the named solver; ``options`` go to it (e.g. ``time_limit=10`` for the ILP)."""
-    return get_solver(solver)(problem, budget_bytes, **options)
+    """Plan with the named solver; ``options`` go to it (e.g. ``time_limit=10`` for the ILP).
+
+    Raises SolverOptionError for an option the solver does not take (before it runs).
+    """
+    planner = get_solver(solver)
+    _check_options(solver, planner, options)
+    return planner(problem, budget_bytes, **options)
+
+
+def _check_options(name: str, planner: SolverFn, options: dict[str, object]) -> None:
+    parameters = inspect.signature(planner).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return
+    taken = [p for p, spec in parameters.items() if spec.kind is inspect.Parameter.KEYWORD_ONLY]
+    unknown = sorted(set(options) - set(parameters))
+    if unknown:
+        raise SolverOptionError(
+            f"the {name!r} planner, chosen for this budget, has no option {', '.join(map(repr, unknown))}; "
+            f"it takes {', '.join(taken) or 'none'}. Pass the option only with a planner that takes it "
+            f"(exact_share, rounds and cap_solver belong to 'ilp_peak', the planner of budget_kind='peak').")
 
 
 __all__ = [
@@ -72,6 +93,7 @@ __all__ = [
     "RematError",
     "SolverError",
     "SolverFn",
+    "SolverOptionError",
     "SolverInfo",
     "SolverUnavailableError",
     "Status",

@@ -54,6 +54,11 @@ class SolverUnavailableError(RematError, ImportError):
     """The requested solver backend is not installed or its binary is broken."""
 
 
+class SolverOptionError(RematError, TypeError):
+    """An option the chosen planner does not take (``optimize(..., exact_share=...)`` with a
+    saved-bytes budget, whose planner has no exact rows): named, with the options it does take."""
+
+
 def _ceil_fraction(fraction: float) -> float:
     """Round a fraction up at 4 decimals so that the suggested budget is itself feasible."""
     scaled = fraction * 10_000

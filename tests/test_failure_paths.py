@@ -462,3 +462,14 @@ def test_broken_cbc_does_not_matter_when_the_budget_needs_no_solver(monkeypatch,
     model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
     optimized = remat_pass.optimize(model, budget=1.0, example_inputs=_inputs())
     assert not optimized.plan.recomputed and os.path.exists(pulp.PULP_CBC_CMD.pulp_cbc_path)
+
+
+def test_an_option_the_chosen_planner_does_not_take_is_named_not_called_a_bug():
+    """``exact_share`` belongs to the peak planner: with a saved-bytes budget the ILP is chosen."""
+    import remat_pass
+    from remat_pass import SolverOptionError
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    with pytest.raises(SolverOptionError, match="'ilp' planner.*no option 'exact_share'.*budget_kind='peak'"):
+        remat_pass.optimize(model, budget=0.5, example_inputs=(torch.randn(4, 8),), exact_share=0.5)
