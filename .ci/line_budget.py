@@ -20,7 +20,6 @@ ROOTS = ("remat_pass", "solvers")
 ALLOWED: dict[str, tuple[int, str]] = {
     # The analytic estimator (Korthikanti et al.) with its per-policy tables and parallelism
     # modes: arithmetic only, no torch; the formulas read best side by side.
-    "remat_pass/estimate.py": (600, "the analytic model's formulas side by side"),
 }
 
 

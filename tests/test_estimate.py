@@ -16,6 +16,7 @@ from fractions import Fraction
 
 import pytest
 
+from remat_pass.layer_policies import activation_peak, search_counts
 from remat_pass.estimate import (
     Hardware,
     DoesNotFitError,
@@ -23,7 +24,6 @@ from remat_pass.estimate import (
     Policy,
     PolicyRow,
     Workload,
-    activation_peak,
     attention_core_flops,
     layer_activation_bytes,
     layer_forward_flops,
@@ -31,7 +31,6 @@ from remat_pass.estimate import (
     parameter_count,
     parse_bytes,
     plan_layers,
-    search_counts,
     stage_parameter_count,
     state_bytes,
     step_flops,
