@@ -35,6 +35,7 @@ relaxation's plan peaks (``ExactRowPlaces``, used by ``solvers.peak``).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import pulp
@@ -223,11 +224,15 @@ class ExactStepRows(PeakRows):
                     self._add_alive(alive, u, present + model.recompute[w] - 1 - made_now.get(w, 0))
         return alive
 
+    @functools.cached_property
+    def _pinned(self) -> frozenset[int]:
+        """The step outputs' storages: held to the end by the caller, counted in every row's room."""
+        return frozenset(self.problem.values[i].storage for i in self.problem.forward_outputs)
+
     def _add_alive(self, alive: dict[int, list], value: int, literal: object) -> None:
         problem = self.problem
         storage = problem.values[value].storage
-        pinned = {problem.values[i].storage for i in problem.forward_outputs}
-        if problem.storage_bytes[storage] and storage not in pinned:
+        if problem.storage_bytes[storage] and storage not in self._pinned:
             alive.setdefault(storage, []).append(literal)
 
     def _emit(self, model: Model, name: str, alive: dict[int, list], working: int, extra: object = 0) -> None:
@@ -243,8 +248,7 @@ class ExactStepRows(PeakRows):
             for index, literal in enumerate(literals):
                 lp += either >= literal, f"{name}_a{storage}_{index}"
             terms.append(size * either)
-        pinned = {problem.values[i].storage for i in problem.forward_outputs}
-        room = self.budget_bytes - self.margin - sum(problem.storage_bytes[s] for s in pinned) - working
+        room = self.budget_bytes - self.margin - sum(problem.storage_bytes[s] for s in self._pinned) - working
         lp += pulp.lpSum(terms) <= self._room_units(room), f"{name}_peak"
 
 
