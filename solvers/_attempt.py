@@ -133,6 +133,12 @@ def attempt(model: pulp.LpProblem, *, backend: str, time_limit: float, threads: 
     ``warm`` uses the variables' initial values as a MIP start. Raises ``pulp.PulpSolverError``
     when the backend crashes.
     """
+    if backend == "cpsat":  # it honours its time limit: no child needed
+        if not mip:
+            raise ValueError("CP-SAT solves integer programs only, not LP relaxations")
+        from .cpsat import attempt_cpsat
+
+        return attempt_cpsat(model, time_limit=time_limit, threads=threads, warm=warm, gaps=gaps)
     if not isolate:
         return _attempt_here(model, backend, time_limit, threads, warm, mip, gaps)
     return _attempt_isolated(model, backend, time_limit, threads, warm, mip, gaps)

@@ -21,11 +21,13 @@ from typing import Mapping
 import pulp
 
 from ._attempt import Attempt, attempt, make_solver, native_stdout_silenced
+from . import cpsat
+from .cpsat import implied_integral
 from .errors import SolverError, SolverUnavailableError
 
 logger = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "highs", "cbc")
+BACKENDS = ("auto", "highs", "cbc", "cpsat")
 
 # Both backends stop when the gap is below these, unless told otherwise: tiny, so that
 # "optimal" means optimal.
@@ -36,6 +38,7 @@ _INSTALL_HINT = {
     "highs": "install it with `pip install highspy` (or use backend='cbc')",
     "cbc": "PuLP's bundled CBC binary is missing or cannot run; reinstall it with "
     "`pip install --force-reinstall pulp` (or `pip install highspy` and use backend='highs')",
+    "cpsat": "install OR-Tools with `pip install ortools` (or `pip install remat_pass[cpsat]`)",
 }
 
 
@@ -63,13 +66,23 @@ class MipResult:
 @functools.lru_cache(maxsize=None)
 def _backend_works(name: str) -> bool:
     """Solve a one-variable MIP: ``available()`` alone misses a broken library or binary."""
-    solver = make_solver(name, time_limit=10.0, threads=None, warm=False, log_path=None, gaps=(REL_GAP, ABS_GAP))
-    if not solver.available():
-        return False
     model = pulp.LpProblem("probe", pulp.LpMinimize)
     x = binary(model, "x")
     model += x
     model += x >= 1
+    if name == "cpsat":
+        if not cpsat.available():
+            return False
+        try:
+            raw = attempt(model, backend=name, time_limit=10.0, threads=1, warm=False, mip=True,
+                          gaps=(REL_GAP, ABS_GAP), isolate=False)
+        except Exception as error:  # any failure means the backend cannot be used
+            logger.debug("backend %s failed its probe: %s", name, error)
+            return False
+        return raw.status == "optimal" and abs(raw.values.get("x", 0.0) - 1) < 1e-6
+    solver = make_solver(name, time_limit=10.0, threads=None, warm=False, log_path=None, gaps=(REL_GAP, ABS_GAP))
+    if not solver.available():
+        return False
     try:
         with native_stdout_silenced(name == "highs"):
             model.solve(solver)
@@ -77,6 +90,11 @@ def _backend_works(name: str) -> bool:
         logger.debug("backend %s failed its probe: %s", name, error)
         return False
     return model.sol_status == pulp.LpSolutionOptimal and abs((x.varValue or 0) - 1) < 1e-6
+
+
+def backend_works(name: str) -> bool:
+    """Whether backend ``name`` is installed and solves a trivial MIP (probed once per process)."""
+    return _backend_works(name)
 
 
 def resolve_backend(name: str) -> str:
@@ -104,10 +122,12 @@ def binary(model: pulp.LpProblem, name: str) -> pulp.LpVariable:
 
 
 def fraction(model: pulp.LpProblem, name: str) -> pulp.LpVariable:
-    """A continuous variable in [0, 1] owned by ``model``, like ``binary``."""
+    """A continuous variable in [0, 1] owned by ``model``, like ``binary``, that the caller's
+    rows make integral once the binaries are (a max of 0/1 literals, or forced both ways by
+    them): continuous for the LP relaxation, an integer for CP-SAT (``cpsat.implied_integral``)."""
     if hasattr(model, "add_variable"):
-        return model.add_variable(name, 0, 1, cat=pulp.LpContinuous)
-    return pulp.LpVariable(name, lowBound=0, upBound=1)
+        return implied_integral(model, model.add_variable(name, 0, 1, cat=pulp.LpContinuous))
+    return implied_integral(model, pulp.LpVariable(name, lowBound=0, upBound=1))
 
 
 def run_mip(

@@ -21,6 +21,8 @@ gets rows the simulator justifies, and every plan is checked on the simulator:
 5. ``exact_rows``: where the relaxation's plans peak, rows that follow the just-in-time
    schedule exactly there; each round's bound is proven, so the bound only tightens, and when
    the relaxation's own optimum fits it is the optimum (``exact_share`` of the limit at most).
+   Their MIPs go to CP-SAT (``solvers.cpsat``) where OR-Tools is installed: HiGHS's bound
+   stalls on them (weak LP relaxation), CP-SAT usually proves each round in seconds.
 
 The answer is the cheapest candidate whose simulated peak fits: "optimal" only when its cost
 meets the proven bound, else "feasible" with the gap to it (None when no bound was proven).
@@ -33,7 +35,7 @@ import time
 from dataclasses import dataclass
 
 from . import baselines
-from ._mip import resolve_backend, run_mip
+from ._mip import backend_works, resolve_backend, run_mip
 from ._model import plan_from, rounding_for, time_weights, weights_for
 from ._run import solve_once
 from .errors import BudgetInfeasibleError
@@ -65,8 +67,11 @@ EXACT_SHARE = 0.25
 # bound and plan improve slowly with time, while a new row often moves them at once.
 EXACT_ROUND_SECONDS = 3.0
 EXACT_ROUND_MIN = 0.5  # no round starts with less time than this left
-# A round that raises the bound by less than this (relative) and finds no cheaper plan ends them.
+# A round that raises the bound by less than this (relative) and finds no cheaper plan makes no
+# progress; this many such rounds in a row end them (a new row often moves nothing until the
+# relaxation's plan runs out of other places to peak: HF BERT's second round did not).
 EXACT_PROGRESS = 0.01
+EXACT_PATIENCE = 3
 # A plan this close (relative) to the proven lower bound is called optimal.
 PROVEN_GAP = 1e-6
 
@@ -106,6 +111,7 @@ def solve_peak(
     cap_solver: str = "ilp",
     host_budget_bytes: int | None = None,
     exact_share: float = EXACT_SHARE,
+    exact_backend: str = "auto",
 ) -> Decision:
     """The least recompute time whose simulated activation peak is at most ``budget_bytes``.
 
@@ -118,7 +124,8 @@ def solve_peak(
     With ``cap_solver="ilp"``: the valid peak rows (a proven lower bound, then plans and cuts),
     the saved-bytes-cap search, the local search from the best plan that fits, and exact rows
     where the relaxation's plans peak (a tighter bound; at most ``exact_share`` of the time
-    limit); the other cap solvers only run the cap search. The baselines are candidates
+    limit; solved by ``exact_backend``: "auto" is CP-SAT where OR-Tools is installed, else
+    ``backend``); the other cap solvers only run the cap search. The baselines are candidates
     throughout. Raises BudgetInfeasibleError (kind "peak") with the
     lowest peak found when nothing fits.
     """
@@ -130,6 +137,7 @@ def solve_peak(
     if cap_solver not in ("ilp", "fast", "ilp_offload"):
         raise ValueError(f"cap_solver must be 'ilp', 'fast' or 'ilp_offload', got {cap_solver!r}")
     search = _Search(problem, budget_bytes, resolve_backend(backend), began + time_limit, threads, cap_solver)
+    search.exact_backend = exact_backend_for(exact_backend, search.backend)
     search.host_budget_bytes = host_budget_bytes
     if not 0.0 <= exact_share <= 1.0:
         raise ValueError(f"exact_share must be a fraction of the time limit in [0, 1], got {exact_share!r}")
@@ -182,6 +190,7 @@ class _Search:
         self.host_budget_bytes: int | None = None  # for cap_solver "ilp_offload"
         self.cap_seconds: float | None = None  # at most this long per cap solve (None: all that is left)
         self.relaxed_plan: Plan | None = None  # the plan of the valid rows' relaxation
+        self.exact_backend = backend  # solves the exact rows' MIPs (``exact_backend_for``)
 
     def _left(self) -> float:
         return self.deadline - time.perf_counter()
@@ -292,13 +301,14 @@ class _Search:
         the moment a value is made, or a forward value) and solves again: every round's bound
         is a proven lower bound (the best is returned) and every plan a candidate. When the
         relaxation's own optimum fits, it is the optimum. The MIP with these rows closes its gap
-        slowly, so rounds stop once one neither raises the bound by ``EXACT_PROGRESS`` nor finds
-        a cheaper plan that fits.
+        slowly on HiGHS (CP-SAT, the default where installed, usually proves each round), so
+        rounds stop after ``EXACT_PATIENCE`` in a row neither raise the bound by
+        ``EXACT_PROGRESS`` nor find a cheaper plan that fits.
         """
         problem, relaxed = self.problem, rounding_for(self.problem).optimistic()
         weights, unit = time_weights(problem)
         deadline, rows = time.perf_counter() + seconds, ExactRowPlaces(problem)
-        per_round = max(EXACT_ROUND_SECONDS, seconds)
+        per_round, idle = max(EXACT_ROUND_SECONDS, seconds), 0
         logger.debug("ilp_peak: exact rows get %.1f s (bound %s)", seconds, bound)
         while time.perf_counter() < deadline - EXACT_ROUND_MIN:
             best = self._best_fitting()
@@ -309,7 +319,7 @@ class _Search:
                 break  # the relaxation's optimum fits: optimal (when the MIP was solved), or no row to add
             if not rows.add_where(plan, memory):
                 break  # what no exact row models (a second tensor): no progress here
-            outcome = solve_once(problem, None, rounding=relaxed, weights=weights, backend=self.backend,
+            outcome = solve_once(problem, None, rounding=relaxed, weights=weights, backend=self.exact_backend,
                                  time_limit=max(min(deadline - time.perf_counter(), per_round), 0.1),
                                  threads=self.threads, extension=rows.extension(self.budget, relaxed))
             raised = outcome.bound is not None and outcome.bound * unit > (bound or 0.0) * (1 + EXACT_PROGRESS)
@@ -325,7 +335,8 @@ class _Search:
                          candidate.memory.peak_bytes, self.budget, bound)
             cheaper = candidate.memory.peak_bytes <= self.budget and (
                 best is None or plan.predicted_extra_seconds < best * (1 - PROVEN_GAP))
-            if not (raised or cheaper):
+            idle = 0 if raised or cheaper else idle + 1
+            if idle >= EXACT_PATIENCE:
                 break
         return bound
 
@@ -429,6 +440,19 @@ class _Search:
             peak_model.add_valid_row(step)
             if row_holds(self.problem, plan, step, self.budget, peak_model.pinned_bytes):
                 peak_model.add_no_good_row(plan, alive, working)
+
+
+def exact_backend_for(name: str, backend: str) -> str:
+    """The backend of the exact rows' MIPs: "auto" is CP-SAT where OR-Tools is installed (it
+    proves their optimum in seconds where HiGHS's bound stalls: their LP relaxation is weak),
+    else ``backend``, the one the other searches use."""
+    if name != "auto":
+        return resolve_backend(name)
+    if backend_works("cpsat"):
+        return "cpsat"
+    logger.info("ilp_peak: OR-Tools is not installed; the exact rows run on %s, which closes their gap "
+                "slowly (`pip install ortools` for CP-SAT)", backend)
+    return backend
 
 
 def _finish(plan: Plan, memory: PlanMemory, status: Status, gap: float | None) -> Decision:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import pulp
 
 from ._mip import MipResult, fraction
+from .cpsat import implied_integral
 from ._model import Model, Rounding, plan_from
 from .memory import backward_steps_of, read_spans
 from .problem import Plan, Problem
@@ -212,10 +213,11 @@ def kept_until(problem: Problem, first: dict[int, int], last: dict[int, int]) ->
 
 
 def _units_variable(lp: pulp.LpProblem, name: str) -> pulp.LpVariable:
-    """A continuous variable >= 0 (byte units) owned by ``lp``."""
+    """A continuous variable >= 0 (byte units) owned by ``lp``: bounded below by sums of whole
+    units only, so a whole number of units is always as good (``cpsat.implied_integral``)."""
     if hasattr(lp, "add_variable"):
-        return lp.add_variable(name, 0, None, cat=pulp.LpContinuous)
-    return pulp.LpVariable(name, lowBound=0)
+        return implied_integral(lp, lp.add_variable(name, 0, None, cat=pulp.LpContinuous))
+    return implied_integral(lp, pulp.LpVariable(name, lowBound=0))
 
 
 def cuts_at(problem: Problem, plan: Plan, step: int, alive: set[int]) -> list[Cut]:

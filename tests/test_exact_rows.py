@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from remat_pass.solvers import baselines
+from remat_pass.solvers import baselines, cpsat
 from remat_pass.solvers._graph import relevant_values
 from remat_pass.solvers._mip import run_mip
 from remat_pass.solvers._model import Rounding, build, rounding_for, time_weights
@@ -93,3 +93,31 @@ def test_every_plan_satisfies_the_rows_at_its_peak_and_an_op_peak_is_counted_exa
 @pytest.mark.slow
 def test_the_same_with_rows_at_every_step_on_more_plans(gpt_step):
     _check_plans(gpt_step, 12, every_step=True)
+
+
+@pytest.mark.skipif(not cpsat.available(), reason="OR-Tools is not installed")
+def test_cpsat_and_highs_agree_on_an_exact_round(gpt_step):
+    """The CP-SAT translation (``solvers.cpsat``) of a real exact round: its solution satisfies
+    every row of the PuLP model, its bound is below HiGHS's solution and HiGHS's bound below its
+    solution, and where both prove an optimum it is the same one."""
+    problem = gpt_step
+    per_block = Plan(problem, *(lambda p: (p.kept, p.recomputed))(baselines.per_block(problem)), "per_block")
+    memory = simulate_plan(problem, per_block)
+    peak_step = backward_lifetimes(problem, per_block)[0][memory.peak_index].step
+    relaxed = rounding_for(problem).optimistic()
+    weights, _ = time_weights(problem)
+    results = {}
+    for backend in ("cpsat", "highs"):
+        model = build(problem, relaxed, None, weights)
+        ExactStepRows(problem, memory.peak_bytes, relaxed, steps=(peak_step,)).add(model)
+        results[backend] = run_mip(model.lp, backend=backend, time_limit=60)
+        if backend == "cpsat":
+            for var in model.lp.variables():
+                var.varValue = results[backend].values[var.name]
+            rows = model.lp.constraints() if callable(model.lp.constraints) else model.lp.constraints.values()
+            assert all(row.valid(1e-9) for row in rows)
+    cp, highs = results["cpsat"], results["highs"]
+    assert cp.status in ("optimal", "feasible") and highs.status in ("optimal", "feasible")
+    assert cp.bound <= highs.objective * (1 + 1e-9) and highs.bound <= cp.objective * (1 + 1e-9)
+    if highs.status == "optimal" and cp.bound >= cp.objective * (1 - 1e-9):
+        assert cp.objective == pytest.approx(highs.objective, rel=1e-9)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+
+from remat_pass.solvers import cpsat
 from remat_pass.solvers.memory import simulate_plan
 from remat_pass.solvers.problem import BackwardStep, Plan, Problem, Value
 
@@ -58,11 +61,12 @@ def _brute_force(problem: Problem) -> list[tuple[int, float]]:
     return found
 
 
-def test_peak_planner_against_brute_force():
+@pytest.mark.parametrize("exact_backend", ["highs", pytest.param("cpsat", marks=pytest.mark.skipif(
+    not cpsat.available(), reason="OR-Tools is not installed"))])
+def test_peak_planner_against_brute_force(exact_backend):
     """On the two-block transformer of the solver tests: never over budget, a refusal only when no
-    plan fits, "optimal" only at the true optimum, a stated gap never smaller than the true one."""
-    import pytest
-
+    plan fits, "optimal" only at the true optimum, a stated gap never smaller than the true one;
+    with the exact rows on HiGHS and on CP-SAT (whose proofs go through a scaled objective)."""
     from remat_pass.solvers import BudgetInfeasibleError, solve
 
     from .test_solvers import transformer
@@ -74,9 +78,9 @@ def test_peak_planner_against_brute_force():
         fitting = [seconds for peak, seconds in plans if peak <= budget]
         if not fitting:
             with pytest.raises(BudgetInfeasibleError):
-                solve(problem, budget, "ilp_peak", time_limit=10)
+                solve(problem, budget, "ilp_peak", time_limit=10, exact_backend=exact_backend)
             continue
-        plan = solve(problem, budget, "ilp_peak", time_limit=10)
+        plan = solve(problem, budget, "ilp_peak", time_limit=10, exact_backend=exact_backend)
         best = min(fitting)
         assert plan.predicted_peak_bytes <= budget
         assert plan.recompute_seconds >= best - 1e-12
