@@ -98,7 +98,8 @@ def render(rows: list[dict[str, Any]]) -> str:
              "/ per-block | default vs best known | default vs proven bound |", "|---|---|---|---|---|---|"]
     for r in rows:
         proven = "none" if r["proven_over_per_block"] is None else f"{r['proven_over_per_block']:.3f}"
-        versus = "n/a" if r["default_over_proven"] is None else f"+{100 * r['default_over_proven']:.1f}%"
+        # the default is never below the bound; float noise could print "+-0.0%"
+        versus = "n/a" if r["default_over_proven"] is None else f"+{100 * max(r['default_over_proven'], 0.0):.1f}%"
         mark = " (optimal)" if r["optimum_proven"] else ""
         lines.append(
             f"| {r['model']} | {r['default_over_per_block']:.3f} ({r['default']['status']}, "

@@ -263,24 +263,28 @@ class ExactRowPlaces:
     events: list[tuple[int, int]] = field(default_factory=list)
     forward_at: list[int] = field(default_factory=list)
 
-    def add_where(self, plan: Plan, memory: PlanMemory) -> bool:
-        """A row where ``plan`` peaks; False when there is one there already."""
-        if memory.peak_phase != "backward":
-            at = forward_computed(self.problem, plan.kept | plan.offloaded)[memory.peak_index]
-            if at in self.forward_at:
-                return False
-            self.forward_at.append(at)
-            return True
-        event = backward_lifetimes(self.problem, plan)[0][memory.peak_index]
-        if event.value is None:
-            if event.step in self.steps:
-                return False
-            self.steps.append(event.step)
-        else:
-            if (event.step, event.value) in self.events:
-                return False
-            self.events.append((event.step, event.value))
-        return True
+    def add_where(self, plan: Plan, memory: PlanMemory, budget: int) -> bool:
+        """A row where ``plan`` goes over ``budget``: at its peak, or, when a row is there
+        already (rows at a value's making, or a second tensor, are not exact), at the highest
+        other place over it that has none. False when every place over it has one."""
+        events = backward_lifetimes(self.problem, plan)[0]
+        computed = forward_computed(self.problem, plan.kept | plan.offloaded)
+        over = [(live, "backward", i) for i, live in enumerate(memory.backward_live) if live > budget]
+        over += [(live, "forward", i) for i, live in enumerate(memory.forward_live) if live > budget]
+        for _, phase, index in sorted(over, key=lambda place: (-place[0], place[1], place[2])):
+            if phase == "forward":
+                if computed[index] not in self.forward_at:
+                    self.forward_at.append(computed[index])
+                    return True
+                continue
+            event = events[index]
+            if event.value is None and event.step not in self.steps:
+                self.steps.append(event.step)
+                return True
+            if event.value is not None and (event.step, event.value) not in self.events:
+                self.events.append((event.step, event.value))
+                return True
+        return False
 
     def extension(self, budget: int, rounding: Rounding) -> ExactStepRows:
         return ExactStepRows(self.problem, budget, rounding, steps=tuple(self.steps), events=tuple(self.events),

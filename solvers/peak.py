@@ -317,8 +317,8 @@ class _Search:
             memory = simulate_plan(problem, plan)
             if memory.peak_bytes <= self.budget:
                 break  # the relaxation's optimum fits: optimal (when the MIP was solved), or no row to add
-            if not rows.add_where(plan, memory):
-                break  # what no exact row models (a second tensor): no progress here
+            if not rows.add_where(plan, memory, self.budget):
+                break  # every place it overshoots has a row: what they miss (a second tensor) stays
             outcome = solve_once(problem, None, rounding=relaxed, weights=weights, backend=self.exact_backend,
                                  time_limit=max(min(deadline - time.perf_counter(), per_round), 0.1),
                                  threads=self.threads, extension=rows.extension(self.budget, relaxed))

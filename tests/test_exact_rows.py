@@ -13,7 +13,7 @@ from remat_pass.solvers import baselines, cpsat
 from remat_pass.solvers._graph import relevant_values
 from remat_pass.solvers._mip import run_mip
 from remat_pass.solvers._model import Rounding, build, rounding_for, time_weights
-from remat_pass.solvers.exact_rows import ExactStepRows
+from remat_pass.solvers.exact_rows import ExactRowPlaces, ExactStepRows
 from remat_pass.solvers.memory import backward_lifetimes, backward_steps_of, second_tensors, simulate_plan
 from remat_pass.solvers.problem import Plan, Problem, closure_from_keep_set
 
@@ -121,3 +121,24 @@ def test_cpsat_and_highs_agree_on_an_exact_round(gpt_step):
     assert cp.bound <= highs.objective * (1 + 1e-9) and highs.bound <= cp.objective * (1 + 1e-9)
     if highs.status == "optimal" and cp.bound >= cp.objective * (1 - 1e-9):
         assert cp.objective == pytest.approx(highs.objective, rel=1e-9)
+
+
+def test_rows_go_where_a_plan_overshoots_highest_first_and_never_twice(gpt_step):
+    """``ExactRowPlaces.add_where``: the peak first, then (a row being there already, which a
+    second tensor can leave overshooting) the next highest place over the budget, each once."""
+    problem = gpt_step
+    plan = Plan(problem, *(lambda p: (p.kept, p.recomputed))(baselines.per_block(problem)), "per_block")
+    memory = simulate_plan(problem, plan)
+    budget = memory.peak_bytes - memory.peak_bytes // 20
+    events = backward_lifetimes(problem, plan)[0]
+    over = sorted((live for live in memory.backward_live if live > budget), reverse=True)
+    places = ExactRowPlaces(problem)
+    assert places.add_where(plan, memory, budget)
+    first = events[memory.peak_index]
+    assert (first.step in places.steps) if first.value is None else ((first.step, first.value) in places.events)
+    added = 1
+    while places.add_where(plan, memory, budget):
+        added += 1
+    distinct = {(e.step, e.value) for e, live in zip(events, memory.backward_live) if live > budget}
+    assert over and added == len(distinct) + len(places.forward_at) and len(distinct) > 1
+    assert not places.add_where(plan, memory, budget)
