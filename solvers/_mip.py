@@ -38,7 +38,7 @@ _INSTALL_HINT = {
     "highs": "install it with `pip install highspy` (or use backend='cbc')",
     "cbc": "PuLP's bundled CBC binary is missing or cannot run; reinstall it with "
     "`pip install --force-reinstall pulp` (or `pip install highspy` and use backend='highs')",
-    "cpsat": "install OR-Tools with `pip install ortools` (or `pip install remat_pass[cpsat]`)",
+    "cpsat": "install OR-Tools with `pip install ortools` (remat_pass depends on it; this environment lacks it)",
 }
 
 

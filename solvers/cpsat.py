@@ -17,7 +17,7 @@ model is translated here, with everything that could make its answer wrong handl
   with that bound (the planners call a plan optimal when its gap to the bound is negligible).
 
 The solution's objective is recomputed from the model's own coefficients (``_mip.run_mip``
-checks it like any backend's). ``pip install ortools`` (the ``cpsat`` extra) provides it.
+checks it like any backend's). OR-Tools is a dependency of remat_pass (``pip install ortools``).
 """
 
 from __future__ import annotations
@@ -134,6 +134,9 @@ def _objective(cp: object, columns: dict[str, object], objective: pulp.LpAffineE
     """Minimize the objective scaled by a power of two, each term rounded down; returns the
     scale and whether the scaling was exact (then CP-SAT's optimum is the model's)."""
     items = list(objective.items()) if objective is not None else []
+    for var, _ in items:  # rounding a term down bounds it from below only where its column is >= 0
+        if var.lowBound is None or var.lowBound < 0:
+            raise SolverError(f"CP-SAT's scaled objective needs columns >= 0, and {var.name!r} may be negative")
     largest = max((abs(c) for _, c in items), default=0.0)
     if largest == 0:
         return 1.0, True

@@ -24,7 +24,7 @@ gets rows the simulator justifies, and every plan is checked on the simulator:
 5. ``local_search``, unless the best plan is proven optimal by then: from the cheapest plan
    that fits, moves of the keep set the simulator judges (a quarter of the time limit at most).
    After the exact rows, not before: where they prove the optimum it is not needed (on the
-   small models of ``benchmarks.peak_optimality`` that cut planning from 9-29 s to 4-15 s on
+   small models of ``benchmarks.peak_optimality`` that cut planning from 9-29 s to 3-18 s on
    the three they prove, with the same plans everywhere, h256 models included).
 
 The answer is the cheapest candidate whose simulated peak fits: "optimal" only when its cost
@@ -128,9 +128,9 @@ def solve_peak(
     the saved-bytes-cap search, exact rows where the relaxation's plans peak (a tighter bound;
     at most ``exact_share`` of the time limit; solved by ``exact_backend``: "auto" is CP-SAT
     where OR-Tools is installed, else ``backend``), and, unless that proved the optimum, the
-    local search from the best plan that fits; the other cap solvers only run the cap search. The baselines are candidates
-    throughout. Raises BudgetInfeasibleError (kind "peak") with the
-    lowest peak found when nothing fits.
+    local search from the best plan that fits; the other cap solvers only run the cap search.
+    The baselines are candidates throughout. Raises BudgetInfeasibleError (kind "peak") with
+    the lowest peak found when nothing fits.
     """
     began = time.perf_counter()
     keep_all = baselines.keep_all(problem)
@@ -314,9 +314,9 @@ class _Search:
         per_round, idle = max(EXACT_ROUND_SECONDS, seconds), 0
         logger.debug("ilp_peak: exact rows get %.1f s (bound %s)", seconds, bound)
         while time.perf_counter() < deadline - EXACT_ROUND_MIN:
-            best = self._best_fitting()
-            if best is not None and bound is not None and best <= bound * (1 + PROVEN_GAP):
+            if self.proven_by(bound):
                 break  # proven optimal already
+            best = self._best_fitting()
             memory = simulate_plan(problem, plan)
             if memory.peak_bytes <= self.budget:
                 break  # the relaxation's optimum fits: optimal (when the MIP was solved), or no row to add

@@ -94,3 +94,14 @@ def test_the_exact_rows_use_cpsat_when_installed_and_the_main_backend_otherwise(
     assert exact_backend_for("highs", "cbc") == "highs"
     monkeypatch.setattr(_mip, "_backend_works", lambda name: name != "cpsat")
     assert exact_backend_for("auto", "cbc") == "cbc"
+
+
+def test_an_objective_column_that_may_be_negative_is_refused():
+    """Rounding a term down bounds it from below only for a column >= 0."""
+    model = pulp.LpProblem("negative", pulp.LpMinimize)
+    x = (model.add_variable("x", -3, 3, cat=pulp.LpInteger) if hasattr(model, "add_variable")
+         else pulp.LpVariable("x", lowBound=-3, upBound=3, cat=pulp.LpInteger))
+    model += 0.1 * x
+    model += x >= -2, "low"
+    with pytest.raises(SolverError, match="may be negative"):
+        _mip.run_mip(model, backend="cpsat", time_limit=10)
