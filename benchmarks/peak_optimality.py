@@ -98,8 +98,10 @@ def render(rows: list[dict[str, Any]]) -> str:
              "/ per-block | default vs best known | default vs proven bound |", "|---|---|---|---|---|---|"]
     for r in rows:
         proven = "none" if r["proven_over_per_block"] is None else f"{r['proven_over_per_block']:.3f}"
-        # the default is never below the bound; float noise could print "+-0.0%"
-        versus = "n/a" if r["default_over_proven"] is None else f"+{100 * max(r['default_over_proven'], 0.0):.1f}%"
+        # float noise around 0 would print "-0.0%"; a real negative (a plan below a proven bound: a
+        # bug) still shows
+        over = r["default_over_proven"]
+        versus = "n/a" if over is None else f"{100 * (0.0 if abs(over) < 1e-9 else over):+.1f}%"
         mark = " (optimal)" if r["optimum_proven"] else ""
         lines.append(
             f"| {r['model']} | {r['default_over_per_block']:.3f} ({r['default']['status']}, "

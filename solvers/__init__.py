@@ -76,8 +76,20 @@ def _check_options(name: str, planner: SolverFn, options: dict[str, object]) -> 
     if unknown:
         raise SolverOptionError(
             f"the {name!r} planner, chosen for this budget, has no option {', '.join(map(repr, unknown))}; "
-            f"it takes {', '.join(taken) or 'none'}. Pass the option only with a planner that takes it "
-            f"(exact_share, rounds and cap_solver belong to 'ilp_peak', the planner of budget_kind='peak').")
+            f"it takes {', '.join(taken) or 'none'}. Pass the option only with a planner that takes it"
+            f"{_owners(unknown)}.")
+
+
+def _owners(options: list[str]) -> str:
+    """Which registered planners take ``options`` (read from their signatures), for the error."""
+    found = []
+    for option in options:
+        owners = [n for n, fn in SOLVERS.items() if option in inspect.signature(fn).parameters]
+        described = [f"{n!r}" + (f", the planner of budget_kind='{SOLVER_INFO[n].bounds.value}'"
+                                 if SOLVER_INFO[n].bounds is BudgetKind.PEAK else "") for n in owners]
+        if described:
+            found.append(f"{option!r} belongs to {' and '.join(described)}")
+    return f" ({'; '.join(found)})" if found else ""
 
 
 __all__ = [

@@ -1,9 +1,9 @@
 """CP-SAT (OR-Tools) as a backend for PuLP models whose variables are all integral.
 
 The peak planner's exact rows (``solvers.exact_rows``) make a 0/1 model whose LP relaxation is
-weak: HiGHS left 39% of the gap open after 40 s on the h64 GPT-style model's first exact round,
-where CP-SAT (clause learning, many strategies in parallel) proves the same model's optimum in
-well under a second. CP-SAT takes integer variables and integer coefficients only, so a PuLP
+weak: on the h64 GPT-style model's first exact round HiGHS's bound was still 19% under the
+optimum after 40 s, where CP-SAT (clause learning, many strategies in parallel) proves it in
+0.2 s (``python -m benchmarks.cpsat_workers``). CP-SAT takes integer variables and integer coefficients only, so a PuLP
 model is translated here, with everything that could make its answer wrong handled explicitly:
 
 * a continuous variable is taken as an integer only when the model's builder declared it
@@ -34,8 +34,9 @@ from .errors import SolverError
 # each term is under one unit, so about 1e-12 of it).
 OBJECTIVE_UNITS = 2.0 ** 40
 # CP-SAT's workers are strategies more than threads: its LP-based ones start only with 8 or
-# more. On the Llama-style model's first exact round (3613 columns, 7886 rows, 2 cores), 2-6
-# workers left the bound 11-57% under the optimum after 20 s; 8-12 proved it in 6-18 s.
+# more. On the Llama-style model's first exact round (3613 columns, 7886 rows, 2 cores, 20 s;
+# ``python -m benchmarks.cpsat_workers``) 2, 4, 6 and 8 workers left the bound 57%, 36%, 11%
+# and 2% under the optimum; 12 reached it.
 WORKERS = 12
 # Integer variables without an upper bound get this one (a byte-unit count never reaches it).
 UNBOUNDED = 2 ** 50

@@ -11,6 +11,7 @@ from benchmarks import metrics
 from benchmarks.cli import main
 from benchmarks.models import ModelSpec, build
 from benchmarks.strategies import Strategy, remat_optimize
+from remat_pass.solvers import cpsat
 
 CPU = torch.device("cpu")
 
@@ -126,3 +127,16 @@ def test_memory_timeline_plot(tmp_path):
     spec = ModelSpec("gpt", layers=1, hidden=32, heads=2, seq=16, batch=2, dropout=0.1, vocab=64)
     path = draw("gpt", 0.5, "saved", tmp_path, spec=spec)
     assert path.read_bytes().startswith(b"\x89PNG") and path.stat().st_size > 1000
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not cpsat.available(), reason="OR-Tools is not installed")
+def test_cpsat_workers_times_the_first_exact_round(caplog, restore_threads):
+    from benchmarks.cpsat_workers import main as cpsat_workers
+
+    workers = cpsat.WORKERS
+    with caplog.at_level("INFO", logger="benchmarks.cpsat_workers"):
+        assert cpsat_workers(["--model", "gpt", "--workers", "2", "--seconds", "5", "--no-highs"]) == 0
+    assert cpsat.WORKERS == workers  # restored
+    lines = [r.getMessage() for r in caplog.records if r.name == "benchmarks.cpsat_workers"]
+    assert "first exact round" in lines[0] and lines[1].startswith("cpsat  workers 2")
