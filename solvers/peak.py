@@ -26,9 +26,13 @@ gets rows the simulator justifies, and every plan is checked on the simulator:
    After the exact rows, not before: where they prove the optimum it is not needed (on the
    small models of ``benchmarks.peak_optimality`` that cut planning from 9-29 s to 3-18 s on
    the three they prove, with the same plans everywhere, h256 models included).
+6. ``refresh``: plans that overshoot but are cheaper than the best that fits get refreshed
+   values (made again for each step that reads them) while that lowers their peak.
 
 The answer is the cheapest candidate whose simulated peak fits: "optimal" only when its cost
-meets the proven bound, else "feasible" with the gap to it (None when no bound was proven).
+meets the proven bound, else "feasible" with the gap to it (None when no bound was proven). A
+plan with refreshed values (step 6) is outside
+the rows' model, so its bound is ``schedule_bound``'s, which holds for any schedule.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from .memory import PlanMemory, backward_lifetimes, backward_steps_of, simulate_
 from .peak_rows import PeakRows, cuts_at
 from .refresh import refresh_to_fit
 from .saved_cap_rows import CapPeakModel, pinned_bytes, row_holds, tighten_saved
+from .schedule_bound import any_schedule_bound
 from .problem import Plan, Problem
 from .registry import Decision, planner
 from .status import DEFAULT_TIME_LIMIT, BudgetKind, Status, relative_gap
@@ -75,6 +80,8 @@ EXACT_ROUND_MIN = 0.5  # no round starts with less time than this left
 # relaxation's plan runs out of other places to peak: HF BERT's second round did not).
 EXACT_PROGRESS = 0.01
 EXACT_PATIENCE = 3
+# A refreshed plan's bound (``schedule_bound``) gets at least this long, past the time limit if need be.
+SCHEDULE_BOUND_SECONDS = 10.0
 # A plan this close (relative) to the proven lower bound is called optimal.
 PROVEN_GAP = 1e-6
 
@@ -171,7 +178,7 @@ def solve_peak(
             raise BudgetInfeasibleError(budget_bytes, lowest, keep_all_memory.peak_bytes, kind="peak")
     best = min(fitting, key=lambda c: (c.plan.predicted_extra_seconds, c.memory.peak_bytes, c.plan.kept_bytes))
     if best.plan.refreshed:  # the rows' bound holds each recomputed value across its reads: not for this plan
-        bound = None
+        bound = search.any_schedule_bound(began + time_limit * (1 + REFRESH_SHARE))
     gap = relative_gap(best.plan.predicted_extra_seconds, bound)
     if gap is not None and gap <= PROVEN_GAP:
         return _finish(best.plan, best.memory, Status.OPTIMAL, 0.0)
@@ -417,6 +424,18 @@ class _Search:
                 best = min(best, refreshed.plan.predicted_extra_seconds)
                 logger.debug("ilp_peak: refreshing %d values fits a plan of %.3g s", len(refreshed.plan.refreshed),
                              refreshed.plan.predicted_extra_seconds)
+
+    def any_schedule_bound(self, deadline: float) -> float | None:
+        """The bound of ``schedule_bound`` (any schedule, multiple recomputation included), for a
+        refreshed plan: solved by the exact rows' backend, until ``deadline`` or for
+        ``SCHEDULE_BOUND_SECONDS``, whichever is longer."""
+        seconds = max(deadline - time.perf_counter(), SCHEDULE_BOUND_SECONDS)
+        found = any_schedule_bound(self.problem, self.budget, backend=self.exact_backend, time_limit=seconds,
+                                   threads=self.threads)
+        if found.seconds is not None and found.seconds == float("inf"):  # a plan fits: the relaxation cannot fail
+            logger.warning("ilp_peak: the any-schedule relaxation has no solution although a plan fits; no bound")
+            return None
+        return found.seconds
 
     def _add(self, plan: Plan) -> _Candidate:
         candidate = _Candidate(plan, simulate_plan(self.problem, plan))

@@ -1,0 +1,89 @@
+"""The any-schedule lower bound (``solvers.schedule_bound``): never above a plan that fits,
+refreshed plans included, and what gives a refreshed plan of ``ilp_peak`` its gap."""
+
+from __future__ import annotations
+
+import dataclasses
+from itertools import chain, combinations
+
+import pytest
+
+from remat_pass.solvers import cpsat, solve
+from remat_pass.solvers._graph import relevant_values
+from remat_pass.solvers.memory import simulate_plan
+from remat_pass.solvers.problem import Plan, Problem, closure_from_keep_set
+from remat_pass.solvers.refresh import refreshable_storages
+from remat_pass.solvers.schedule_bound import any_schedule_bound, bound_steps, fixed_step_bytes
+
+from .test_refresh import _chain
+from .test_solvers import transformer
+
+BACKENDS = ["highs", pytest.param("cpsat", marks=pytest.mark.skipif(not cpsat.available(),
+                                                                   reason="OR-Tools is not installed"))]
+
+
+def _subsets(items: list[int]):
+    return chain.from_iterable(combinations(items, n) for n in range(len(items) + 1))
+
+
+def _every_plan(problem: Problem) -> list[tuple[int, float]]:
+    """(simulated peak, recompute seconds) of every keep-set closure, as it is and with its
+    refreshable storages refreshed one at a time and all together."""
+    keepable = sorted(v for v in relevant_values(problem) if problem.values[v].keepable)
+    seen, found = set(), []
+    for keep in _subsets(keepable):
+        kept, recomputed = closure_from_keep_set(problem, keep)
+        if (kept, recomputed) in seen:
+            continue
+        seen.add((kept, recomputed))
+        plan = Plan(problem, kept, recomputed, "brute")
+        storages = refreshable_storages(problem, plan)
+        # none, each alone, and all: every set would be 580,000 plans (four minutes) here
+        for chosen in {(), tuple(storages), *((s,) for s in storages)}:
+            refreshed = dataclasses.replace(plan, refreshed=frozenset().union(*(storages[s] for s in chosen)))
+            found.append((simulate_plan(problem, refreshed).peak_bytes, refreshed.recompute_seconds))
+    return found
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_bound_never_exceeds_a_plan_that_fits(backend):
+    """Brute force on the two-block transformer of the solver tests, every budget from below the
+    lowest peak to keep-all's: the bound is at most the cheapest plan that fits (refreshed or
+    not), with rows at every step or at a few; below every plan's peak it may say infinite."""
+    problem = transformer()
+    plans = _every_plan(problem)
+    lowest, highest = min(p for p, _ in plans), max(p for p, _ in plans)
+    steps = len(fixed_step_bytes(problem))
+    for budget in sorted({lowest - 1, *range(lowest, highest + 1, max((highest - lowest) // 10, 1)), highest}):
+        cheapest = min((seconds for peak, seconds in plans if peak <= budget), default=float("inf"))
+        for count in (steps, 3):
+            bound = any_schedule_bound(problem, budget, backend=backend, time_limit=30, steps=count).seconds
+            assert bound is not None and bound <= cheapest + 1e-9, (budget, count, bound, cheapest)
+    free = any_schedule_bound(problem, highest, backend=backend, time_limit=30, steps=steps)
+    assert free.seconds == pytest.approx(0.0, abs=1e-9)  # keep-all fits: nothing need be recomputed
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_bound_sees_what_plans_cannot_do(backend):
+    """On the refresh chain at 16 bytes (the working set alone at step 2), the cheapest plan
+    keeps ``b`` and refreshes ``a`` (made for step 0 and again for step 4): 2 s. A schedule that
+    keeps ``a`` as well for step 0 and makes it once, for step 4, needs 1 s (the rewrite cannot
+    both keep and recompute a value); the bound is exactly that."""
+    problem = _chain()
+    assert any_schedule_bound(problem, 16, backend=backend, time_limit=30).seconds == pytest.approx(1.0)
+    assert any_schedule_bound(problem, 15, backend=backend, time_limit=30).seconds == float("inf")
+
+
+def test_a_refreshed_plan_carries_the_any_schedule_gap():
+    """ilp_peak's answer on the chain is the refreshed plan: its gap is against the any-schedule
+    bound, 1 s (was None: the planner's own rows do not bound refreshed plans)."""
+    decision = solve(_chain(), 16, solver="ilp_peak", time_limit=20)
+    assert decision.kept == {2} and decision.refreshed == {1}
+    assert decision.recompute_seconds == pytest.approx(2.0)
+    assert str(decision.status) == "feasible" and decision.gap == pytest.approx(0.5)
+
+
+def test_the_steps_with_rows_are_where_fixed_memory_is_highest():
+    problem = _chain()
+    assert fixed_step_bytes(problem) == [8, 8, 16, 0, 8]
+    assert bound_steps(problem, 2) == [0, 2] and bound_steps(problem, 10) == [0, 1, 2, 3, 4]
