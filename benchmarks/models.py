@@ -227,7 +227,8 @@ HF_KINDS = ("hf_gpt2", "hf_llama", "hf_bert")
 
 
 def hf_model(name: str, layers: int, hidden: int, seq: int, vocab: int, heads: int = 4) -> nn.Module:
-    """A randomly initialised Hugging Face model without dropout: "gpt2", "llama" or "bert"."""
+    """A randomly initialised Hugging Face model without dropout: "gpt2", "llama", "bert" or one of
+    ``benchmarks.hf_families.FAMILIES``."""
     import transformers
 
     if name == "gpt2":
@@ -248,7 +249,11 @@ def hf_model(name: str, layers: int, hidden: int, seq: int, vocab: int, heads: i
                                          max_position_embeddings=seq, pad_token_id=0, hidden_dropout_prob=0.0,
                                          attention_probs_dropout_prob=0.0)
         return transformers.BertForMaskedLM(config)
-    raise ValueError(f"unknown Hugging Face model {name!r}; expected gpt2, llama or bert")
+    from .hf_families import FAMILIES, family_model
+
+    if name in FAMILIES:
+        return family_model(name, layers, hidden, seq, vocab, heads)
+    raise ValueError(f"unknown Hugging Face model {name!r}; expected gpt2, llama, bert or {', '.join(FAMILIES)}")
 
 
 class LossOf(nn.Module):

@@ -29,6 +29,7 @@ import remat_pass
 from remat_pass.measure import peak_activation_bytes
 
 from .metrics import dispatch_flops, executed_flops
+from .hf_families import FAMILIES
 from .models import LossOf, hf_model
 
 
@@ -85,7 +86,8 @@ def run_model(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", action="append", choices=("gpt2", "llama", "bert"))
+    parser.add_argument("--model", action="append", choices=("gpt2", "llama", "bert", *FAMILIES),
+                        help="repeatable (default: gpt2, llama, bert)")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--seq", type=int, default=128)
