@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
-from torch.nn import functional as F
 
 import remat_pass
 from remat_pass import BudgetInfeasibleError
@@ -20,32 +18,19 @@ from remat_pass import BudgetInfeasibleError
 from benchmarks.hf_families import FAMILIES, family_model
 
 from .helpers import assert_same_step, eager_reference, run_step
+from .zoo_models import VOCAB, _LogitsOf, _lm_loss  # the zoo's wrapper and loss, shared
 
 pytest.importorskip("transformers")
 
-VOCAB, SEQ, BATCH = 64, 16, 2
+SEQ, BATCH = 16, 2
 TIGHT = 0.3
-
-
-class _Logits(nn.Module):
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=input_ids).logits
 
 
 def _case(name: str):
     torch.manual_seed(0)
-    model = _Logits(family_model(name, layers=2, hidden=32, seq=SEQ, vocab=VOCAB, heads=4)).train()
+    model = _LogitsOf(family_model(name, layers=2, hidden=32, seq=SEQ, vocab=VOCAB, heads=4)).train()
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ))
-    targets = torch.randint(0, VOCAB, (BATCH, SEQ))
-
-    def loss_fn(logits: torch.Tensor, *_inputs: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten())
-
-    return model, (tokens,), loss_fn
+    return model, (tokens,), _lm_loss(torch.randint(0, VOCAB, (BATCH, SEQ)))
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
