@@ -25,6 +25,8 @@ from torch.nn import functional as F
 
 from remat_pass.examples import GPT, GPTConfig, lm_loss
 
+from .hf_families import FAMILIES, family_model
+
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
@@ -32,7 +34,7 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 class ModelSpec:
     """Sizes of one benchmark model. Fields a kind does not use are ignored.
 
-    ``kind`` is "gpt", "llama", "resnet" or one of ``HF_KINDS``. For "resnet", ``hidden`` is the width of the first
+    ``kind`` is "gpt", "llama", "resnet" or one of ``HF_KINDS`` and ``HF_FAMILY_KINDS``. For "resnet", ``hidden`` is the width of the first
     stage (doubling per stage), ``layers`` the number of BasicBlocks (spread over 4 stages) and
     ``seq`` the image side in pixels.
     """
@@ -224,6 +226,8 @@ class ResNet(nn.Module):
 # --- held-out Hugging Face models -----------------------------------------------------------
 
 HF_KINDS = ("hf_gpt2", "hf_llama", "hf_bert")
+# benchmarks.hf_families' nine more, as kinds: "hf_mistral", "hf_gemma", ...
+HF_FAMILY_KINDS = tuple(f"hf_{name}" for name in FAMILIES)
 
 
 def hf_model(name: str, layers: int, hidden: int, seq: int, vocab: int, heads: int = 4) -> nn.Module:
@@ -249,8 +253,6 @@ def hf_model(name: str, layers: int, hidden: int, seq: int, vocab: int, heads: i
                                          max_position_embeddings=seq, pad_token_id=0, hidden_dropout_prob=0.0,
                                          attention_probs_dropout_prob=0.0)
         return transformers.BertForMaskedLM(config)
-    from .hf_families import FAMILIES, family_model
-
     if name in FAMILIES:
         return family_model(name, layers, hidden, seq, vocab, heads)
     raise ValueError(f"unknown Hugging Face model {name!r}; expected gpt2, llama, bert or {', '.join(FAMILIES)}")
@@ -297,10 +299,11 @@ def build(spec: ModelSpec, seed: int = 0, device: str = "cpu", dtype: torch.dtyp
         model = Llama(spec.vocab, spec.layers, spec.hidden, spec.heads, spec.seq)
     elif spec.kind == "resnet":
         model = ResNet(spec.layers, spec.hidden, spec.classes)
-    elif spec.kind in HF_KINDS:
+    elif spec.kind in HF_KINDS or spec.kind in HF_FAMILY_KINDS:
         return _build_hf(spec, generator, device, dtype)
     else:
-        raise ValueError(f"unknown model kind {spec.kind!r}; expected gpt, llama, resnet or {', '.join(HF_KINDS)}")
+        raise ValueError(f"unknown model kind {spec.kind!r}; expected gpt, llama, resnet or one of "
+                         f"{', '.join(HF_KINDS + HF_FAMILY_KINDS)}")
 
     if spec.kind == "resnet":
         inputs = torch.randn(spec.batch, 3, spec.seq, spec.seq, generator=generator)

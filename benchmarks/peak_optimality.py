@@ -14,7 +14,7 @@ peak (``per_block``, which saves what ``torch.utils.checkpoint`` saves):
 per-block's recompute cost).
 
 "any schedule" is ``solvers.schedule_bound``'s lower bound (rows at ``--schedule-steps``
-backward steps, 0 for all): no schedule, multiple recomputation included, recomputes less. The
+backward steps, 48 by default, 0 for all): no schedule, multiple recomputation included, recomputes less. The
 distance between it and the proven optimum is the most that recomputing a value more than once
 could still gain over remat_pass's peak model.
 
@@ -43,9 +43,9 @@ from remat_pass.solvers._mip import backend_works
 from remat_pass.solvers.memory import simulate_plan
 from remat_pass.solvers.peak import solve_peak
 from remat_pass.solvers.problem import Plan, Problem
-from remat_pass.solvers.schedule_bound import any_schedule_bound
+from remat_pass.solvers.schedule_bound import DEFAULT_STEPS, any_schedule_bound
 
-from .models import ModelSpec, build
+from .models import HF_FAMILY_KINDS, ModelSpec, build
 
 logger = logging.getLogger("benchmarks.peak_optimality")
 
@@ -85,7 +85,7 @@ def _any_schedule(problem: Problem, budget: int, steps: int, time_limit: float) 
 
 
 def measure(spec: ModelSpec, time_limit: float, long_time_limit: float, budget: int | None = None,
-            schedule_steps: int = 0) -> dict[str, Any]:
+            schedule_steps: int = DEFAULT_STEPS) -> dict[str, Any]:
     problem = traced_problem(spec)
     per_block = baselines.per_block(problem)
     reference = Plan(problem, per_block.kept, per_block.recomputed, "per_block")
@@ -139,7 +139,8 @@ def _any(row: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", action="append", choices=KINDS, help=f"repeatable (default: {', '.join(KINDS)})")
+    parser.add_argument("--model", action="append", choices=(*KINDS, *HF_FAMILY_KINDS),
+                        help=f"repeatable (default: {', '.join(KINDS)})")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--heads", type=int, default=4)
@@ -149,8 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-limit", type=float, default=60.0, help="the default run's limit (s)")
     parser.add_argument("--long-time-limit", type=float, default=600.0, help="the long run's limit (s)")
     parser.add_argument("--budget-bytes", type=int, help="this peak budget instead of per-block's simulated peak")
-    parser.add_argument("--schedule-steps", type=int, default=0,
-                        help="backward steps with rows in the any-schedule bound (0: all)")
+    parser.add_argument("--schedule-steps", type=int, default=DEFAULT_STEPS,
+                        help="backward steps with rows in the any-schedule bound (0: all; all of them proved no "
+                             "bound on the Llama-style models in 85 s, 48 prove one in seconds)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out/peak_optimality"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
