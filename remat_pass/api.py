@@ -302,6 +302,11 @@ def optimize(
     alias) or "measure" (each forward op timed once on the device with the first call's real
     inputs, before planning; see ``remat_pass.op_timing``).
 
+    ``time_limit`` (seconds) bounds the planner's search; capture and annotation come on top.
+    Under a peak budget the peak planner may go up to a fifth past it to refresh values of a
+    plan that overshoots, and when its answer has refreshed values, 10 s more at least to prove
+    that plan's gap (``solvers.schedule_bound``): 60 s can take about 82 s.
+
     ``offload=True`` lets the planner also send saved activations to host memory over the
     device's host link where the transfer hides behind compute (``device`` must have one, e.g.
     "h100"; ``host_budget`` bounds the host bytes). On CUDA the step uses PyTorch's
