@@ -33,7 +33,9 @@ from .hf_families import FAMILIES
 from .models import LossOf, hf_model
 
 
-def _step(module: nn.Module, model: LossOf, tokens: torch.Tensor) -> dict[str, Any]:
+def measured_step(module: nn.Module, model: LossOf, tokens: torch.Tensor) -> dict[str, Any]:
+    """One training step through ``module``: the allocator's activation peak ("peak_bytes") and
+    ``model``'s gradients ("grads"), which are cleared again."""
     model.zero_grad(set_to_none=True)
     _, peak = peak_activation_bytes(lambda: module(tokens).backward(), lambda: [p.grad for p in model.parameters()])
     grads = [p.grad.clone() for p in model.parameters()]
@@ -47,12 +49,12 @@ def run_model(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     model = LossOf(hf_model(name, args.layers, args.hidden, args.seq, args.vocab),
                    torch.randint(0, args.vocab, (args.batch, args.seq))).train()
     rows = []
-    base = _step(model, model, tokens)
+    base = measured_step(model, model, tokens)
     base_flops = dispatch_flops(lambda: model(tokens).backward())
     rows.append({"strategy": "none", "peak_bytes": base["peak_bytes"], "flops": base_flops})
     inner = model.model
     inner.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    ckpt = _step(model, model, tokens)
+    ckpt = measured_step(model, model, tokens)
     rows.append({"strategy": "checkpoint", "peak_bytes": ckpt["peak_bytes"],
                  "flops": dispatch_flops(lambda: model(tokens).backward())})
     inner.activation_checkpointing_disable()
@@ -68,7 +70,7 @@ def run_model(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
             rows.append({"strategy": label, "failed": str(error)})
             continue
         plan_seconds = time.perf_counter() - began
-        measured = _step(optimized, model, tokens)
+        measured = measured_step(optimized, model, tokens)
         flops = executed_flops(lambda: optimized(tokens).backward()).total
         model.zero_grad(set_to_none=True)
         diff = max((a - b).abs().max().item() for a, b in zip(measured["grads"], base["grads"]))
