@@ -391,8 +391,9 @@ class _Search:
                 logger.debug("ilp_peak: step rows: %s, no plan", outcome.status)
                 break
             candidate = self._add(outcome.plan)
-            logger.debug("ilp_peak: step rows, margin %d, %d cuts: kept %d, peak %d (budget %d)", margin, len(cuts),
-                         outcome.plan.kept_bytes, candidate.memory.peak_bytes, self.budget)
+            logger.debug("ilp_peak: step rows, margin %d, %d cuts: %.4g s, kept %d, peak %d (budget %d)", margin,
+                         len(cuts), outcome.plan.predicted_extra_seconds, outcome.plan.kept_bytes,
+                         candidate.memory.peak_bytes, self.budget)
             if candidate.memory.peak_bytes <= self.budget:
                 break
             step, alive, _ = _alive_at_peak(problem, outcome.plan, candidate.memory)
