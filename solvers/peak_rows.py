@@ -79,7 +79,10 @@ class PeakRows:
     rounding: Rounding
     margin: int = 0
     cuts: tuple[Cut, ...] = ()
-    transients: bool = False  # add the inputs alive while a recomputed value is made (not valid: no bound)
+    # Add, in a row of their own ("make"), the inputs alive while a value first read at the step is
+    # made (not valid: no bound). They die before the step's op runs, so that row has the previous
+    # step's working set less its scratch, as ``memory.simulate_plan`` does, not the op's.
+    transients: bool = False
     # Count a kept storage alive until the last recomputation that may read it, not only its
     # last direct read (not valid: no bound; see ``kept_until``).
     kept_readers: bool = False
