@@ -9,6 +9,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+import remat_pass
+from remat_pass import BudgetInfeasibleError
 from remat_pass.measure import saved_activation_bytes
 
 
@@ -56,3 +58,21 @@ def assert_same_step(actual: StepResult, expected: StepResult, tol: float = 1e-5
     assert actual.buffers.keys() == expected.buffers.keys()
     for name, buffer in expected.buffers.items():
         torch.testing.assert_close(actual.buffers[name], buffer, rtol=tol, atol=tol, msg=f"buffer {name}")
+
+
+def optimize_and_step(model: nn.Module, inputs, loss_fn, budget: float | int, fallback: float | None = None,
+                      on_retry: Callable[[], None] = lambda: None):
+    """``optimize`` at a saved-bytes ``budget`` and one step through the result: (optimized, step,
+    budget used). Where ``budget`` is ``fallback`` (a fraction that may be below the smallest
+    feasible budget) and is refused, the error must state a larger minimum, and that minimum is
+    used (``on_retry`` runs first: to reset what the failed try recorded)."""
+    try:
+        optimized = remat_pass.optimize(model, budget=budget, budget_kind="saved")
+        return optimized, run_step(model, optimized, inputs, loss_fn), budget
+    except BudgetInfeasibleError as error:
+        assert fallback is not None and budget == fallback, f"{budget} should be feasible"
+        assert error.min_bytes > budget * error.keep_all_bytes
+        torch._dynamo.reset()
+        on_retry()
+        optimized = remat_pass.optimize(model, budget=error.min_bytes, budget_kind="saved")
+        return optimized, run_step(model, optimized, inputs, loss_fn), error.min_bytes

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 import remat_pass
-from remat_pass import BudgetInfeasibleError
 from remat_pass.solvers import baselines
 from remat_pass.solvers.memory import simulate_plan
 from remat_pass.solvers.problem import Plan
@@ -23,7 +22,7 @@ from benchmarks.hf_families import FAMILIES, family_model
 from benchmarks.models import LossOf
 from benchmarks.vs_checkpoint import measured_step
 
-from .helpers import assert_same_step, eager_reference, run_step
+from .helpers import assert_same_step, eager_reference, optimize_and_step
 from .zoo_models import VOCAB, _LogitsOf, _lm_loss  # the zoo's wrapper and loss, shared
 
 pytest.importorskip("transformers")
@@ -43,16 +42,7 @@ def _case(name: str):
 def test_family_matches_eager_within_a_tight_budget(name):
     model, inputs, loss_fn = _case(name)
     expected = eager_reference(model, inputs, loss_fn)
-    budget: float | int = TIGHT
-    try:
-        optimized = remat_pass.optimize(model, budget=budget, budget_kind="saved")
-        actual = run_step(model, optimized, inputs, loss_fn)
-    except BudgetInfeasibleError as error:  # the smallest feasible budget, as the error says
-        assert error.min_bytes > TIGHT * error.keep_all_bytes
-        torch._dynamo.reset()
-        budget = error.min_bytes
-        optimized = remat_pass.optimize(model, budget=budget, budget_kind="saved")
-        actual = run_step(model, optimized, inputs, loss_fn)
+    optimized, actual, budget = optimize_and_step(model, inputs, loss_fn, TIGHT, fallback=TIGHT)
     assert_same_step(actual, expected)
     assert torch.equal(actual.loss, expected.loss), "same ops: the loss must be bit-identical"
     plan = optimized.plan

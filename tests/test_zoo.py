@@ -23,7 +23,7 @@ from remat_pass.baseline import as_given_plan
 from remat_pass import solvers
 from remat_pass import BudgetInfeasibleError
 
-from .helpers import assert_same_step, eager_reference, run_step
+from .helpers import assert_same_step, eager_reference, optimize_and_step, run_step
 from .zoo_models import HF_MODELS, VOCAB, ZOO, assert_random_ops_run_once, make_zoo, record_rewrites
 
 slow = pytest.mark.slow
@@ -59,17 +59,8 @@ def _optimize_case(name, budget, monkeypatch, **options):
     model, inputs, loss_fn = _build(name, **options)
     expected = eager_reference(model, inputs, loss_fn)
     records = record_rewrites(monkeypatch)
-    try:
-        optimized = remat_pass.optimize(model, budget=budget, budget_kind="saved")
-        actual = run_step(model, optimized, inputs, loss_fn)
-    except BudgetInfeasibleError as error:
-        assert budget == TIGHT, f"{name}: {budget} should be feasible"
-        assert error.min_bytes > budget * error.keep_all_bytes
-        torch._dynamo.reset()
-        records.clear()
-        budget = error.min_bytes
-        optimized = remat_pass.optimize(model, budget=budget, budget_kind="saved")
-        actual = run_step(model, optimized, inputs, loss_fn)
+    optimized, actual, budget = optimize_and_step(model, inputs, loss_fn, budget, fallback=TIGHT,
+                                                  on_retry=records.clear)
     return optimized, actual, expected, records, budget
 
 
