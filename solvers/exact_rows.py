@@ -42,7 +42,8 @@ import pulp
 
 from ._mip import fraction
 from ._model import Model, Rounding
-from .memory import PlanMemory, backward_lifetimes, backward_steps_of, forward_computed, read_spans
+from .memory import (PlanMemory, backward_lifetimes, backward_steps_of, forward_computed, read_spans,
+                     working_while_making)
 from .peak_rows import PeakRows, earliest_need
 from .problem import Plan, Problem
 from .tags import Tag
@@ -164,8 +165,7 @@ class ExactStepRows(PeakRows):
         for u in (value, *values[value].inputs):
             if not values[u].available:
                 self._add_alive(alive, u, made_now)
-        steps = backward_steps_of(problem)
-        before = steps[step - 1].working_bytes - steps[step - 1].scratch_bytes if step > 0 else 0
+        before = working_while_making(backward_steps_of(problem), step)
         own = values[value]
         transient = problem.storage_bytes[own.storage] if Tag.DROPOUT_REPLAY in own.tags else own.scratch_bytes
         self._emit(model, f"y{step}_{value}", alive, 0, self._units(before + transient) * made_now)

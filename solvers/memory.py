@@ -63,6 +63,12 @@ def backward_steps_of(problem: Problem) -> tuple[BackwardStep, ...]:
     return problem.backward_steps
 
 
+def working_while_making(steps: tuple[BackwardStep, ...], step: int) -> int:
+    """Backward-only bytes alive while step ``step``'s recomputations run, before its op: the
+    previous step's working set less its kernel scratch (freed when that kernel ended)."""
+    return steps[step - 1].working_bytes - steps[step - 1].scratch_bytes if step > 0 else 0
+
+
 def _transient_bytes(problem: Problem, plan: Plan, value: int) -> int:
     """Extra bytes live for a moment while ``value`` is made: its kernel's scratch
     (``Value.scratch_bytes``, from annotate); a replayed dropout output is
@@ -277,8 +283,7 @@ def simulate_plan(problem: Problem, plan: Plan) -> PlanMemory:
         if event.value is None:
             working = steps[event.step].working_bytes
         else:
-            before = steps[event.step - 1] if event.step > 0 else BackwardStep(())
-            working = before.working_bytes - before.scratch_bytes + _transient_bytes(problem, plan, event.value)
+            working = working_while_making(steps, event.step) + _transient_bytes(problem, plan, event.value)
         backward_live.append(live + working + pinned_bytes)
     forward_peak = max(forward_live, default=0)
     backward_peak = max(backward_live, default=0)

@@ -32,7 +32,7 @@ import pulp
 from ._mip import MipResult, fraction
 from .cpsat import implied_integral
 from ._model import Model, Rounding, plan_from
-from .memory import backward_steps_of, read_spans
+from .memory import backward_steps_of, read_spans, working_while_making
 from .problem import Plan, Problem
 
 
@@ -129,7 +129,8 @@ class PeakRows:
             if self.transients:  # alive while a value is made: before the op's own working set exists
                 made = self._transient_terms(model, name, [w for w, f in first.items() if f == t], last)
                 if made:
-                    lp += pulp.lpSum(terms + made) <= self._room_units(room - _making_working(steps, t)), f"make{name}"
+                    making = self._room_units(room - working_while_making(steps, t))
+                    lp += pulp.lpSum(terms + made) <= making, f"make{name}"
         # The forward's end: every kept storage and the outputs are alive together.
         kept = [self._units(problem.storage_bytes[s]) * g for s, g in model.paid.items() if s not in pinned]
         if kept:
@@ -178,14 +179,6 @@ class PeakRows:
 
     def plan_from(self, problem: Problem, model: Model, result: MipResult, **fields: object) -> Plan:
         return plan_from(problem, model, result, **fields)
-
-
-def _making_working(steps: tuple, t: int) -> int:
-    """Backward-only bytes alive while step ``t``'s recomputations run (``memory.simulate_plan``):
-    the previous step's working set without its kernel scratch."""
-    if t == 0:
-        return 0
-    return steps[t - 1].working_bytes - steps[t - 1].scratch_bytes
 
 
 def _alive_literal(model: Model, v: int, t: int, first: dict[int, int], last: dict[int, int]) -> object:
