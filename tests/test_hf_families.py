@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import remat_pass
+from remat_pass.pipeline import without_headroom
 from remat_pass.solvers import baselines
 from remat_pass.solvers.memory import simulate_plan
 from remat_pass.solvers.problem import Plan
@@ -60,7 +61,8 @@ PEAK_DEFAULT_RUN = {"falcon"}  # multi-query attention and a parallel block; -m 
 def test_family_at_checkpointings_peak(name):
     """Issue 13's question on each family: torch's per-layer checkpointing's measured peak as a
     peak budget. The step fits it as measured, the prediction is within 5% of the allocator,
-    gradients equal eager's bit for bit, and the plan recomputes no more than ``per_block``."""
+    gradients equal eager's bit for bit, and the plan recomputes no more than ``per_block`` where
+    that fits the planner's target."""
     torch.manual_seed(0)
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ))
     model = LossOf(family_model(name, layers=3, hidden=32, seq=SEQ, vocab=VOCAB, heads=4),
@@ -81,7 +83,12 @@ def test_family_at_checkpointings_peak(name):
     problem = plan.problem
     block = baselines.per_block(problem)
     reference = Plan(problem, block.kept, block.recomputed, "per_block")
-    # per_block is torch's checkpointing in the planner's model: it fits torch's measured peak, so
-    # the planner, which has it among its candidates, must do at least as well
-    assert simulate_plan(problem, reference).peak_bytes <= plan.budget_bytes
-    assert plan.recompute_seconds <= reference.recompute_seconds * (1 + 1e-9)
+    # per_block is torch's checkpointing in the planner's model: it fits torch's measured peak.
+    per_block_peak = simulate_plan(problem, reference).peak_bytes
+    assert per_block_peak <= plan.budget_bytes
+    # Where it also fits what the planner plans to (that peak less the headroom: on Qwen3, Gemma and
+    # OPT it does not, by about 1 KB), it is a candidate, so the plan must do at least as well.
+    fits_target = per_block_peak <= without_headroom(plan.budget_bytes)
+    assert fits_target or name not in PEAK_DEFAULT_RUN, "the default run must check the comparison"
+    if fits_target:
+        assert plan.recompute_seconds <= reference.recompute_seconds * (1 + 1e-9)
