@@ -303,8 +303,8 @@ def optimize(
     inputs, before planning; see ``remat_pass.op_timing``).
 
     ``time_limit`` (seconds) bounds the planner's search; capture and annotation come on top.
-    Under a peak budget the peak planner may go up to a fifth past it to refresh values of a
-    plan that overshoots, and when its answer has refreshed values, 10 s more at least to prove
+    Under a peak budget the peak planner may go up to a fifth past it to make cheaper plans that
+    overshoot fit (giving up kept values, or refreshing recomputed ones), and when its answer has refreshed values, 10 s more at least to prove
     that plan's gap (``solvers.schedule_bound``): 60 s can take about 82 s.
 
     ``offload=True`` lets the planner also send saved activations to host memory over the

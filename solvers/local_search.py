@@ -14,6 +14,12 @@ near it in the graph (a few hops: a tensor of the same chain), then instead of a
 The second tier runs only when a whole pass of the first finds nothing. The result is a local
 optimum of these moves, or the best plan when the time runs out; every plan is a closure of
 its keep set (``closure_from_keep_set``), so it is valid by construction.
+
+``repair`` goes the other way, from a plan that overshoots: it gives up kept values alive at the
+peak, the least added recompute time per byte of peak saved first, until the plan fits. The
+peak planner's MIPs often end with cheap plans a few percent over the budget; on deep models
+their rounds of cuts take ~10 s each (a 12-layer GPT, 1000 values), so the rounds run out of
+time before they fit, and a plan repaired here is what beats per-block checkpointing there.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import time
 from collections.abc import Iterator
 
 from ._graph import relevant_values
-from .memory import simulate_plan
+from .memory import PlanMemory, backward_lifetimes, simulate_plan
 from .problem import Plan, Problem, closure_from_keep_set
 
 # Graph distance (either direction) within which a kept value is tried as the one to give up.
@@ -30,6 +36,11 @@ NEAR_HOPS = 4
 SOLVER_NAME = "local_search"  # what a plan it made says made it
 # A move must save at least this share of the plan's recompute time (float noise is no saving).
 MIN_SAVING = 1e-9
+# Per repair step, the kept values alive at the peak are simulated, the least added recompute time
+# per byte of their storage first, until this many lowered the peak (a simulation costs ~17 ms on
+# 1000 values); the best price of those is taken.
+REPAIR_TRIALS = 12
+REPAIR_SOLVER_NAME = "repair"
 
 
 def improve(problem: Problem, plan: Plan, budget_bytes: int, deadline: float) -> Plan:
@@ -90,3 +101,64 @@ def _near(problem: Problem, keepable: list[int]) -> dict[int, frozenset[int]]:
             seen |= front
         found[v] = frozenset(seen - {v})
     return found
+
+
+def repair(problem: Problem, plan: Plan, budget_bytes: int, deadline: float,
+           memory: PlanMemory | None = None) -> tuple[Plan, PlanMemory] | None:
+    """``plan`` with kept values given up (recomputed instead) until its simulated peak is at most
+    ``budget_bytes``, or None when giving up what is kept at the peak does not get there before
+    ``deadline``.
+
+    Each step gives up the kept value alive at the peak whose recomputation adds the least
+    recompute time per byte it lowers the peak by (of the first ``REPAIR_TRIALS`` that lower it,
+    tried cheapest per byte of storage first). Plans with offloaded or refreshed values are not
+    repaired.
+    """
+    if plan.offloaded or plan.refreshed:
+        return None
+    memory = memory or simulate_plan(problem, plan)
+    while memory.peak_bytes > budget_bytes:
+        best: tuple[float, Plan, PlanMemory] | None = None
+        lowering = 0
+        for trial in _fewer_kept(problem, plan, memory, deadline):
+            if lowering >= REPAIR_TRIALS or time.perf_counter() >= deadline:
+                break
+            trial_memory = simulate_plan(problem, trial)
+            saved = memory.peak_bytes - trial_memory.peak_bytes
+            if saved > 0:
+                lowering += 1
+                price = (trial.recompute_seconds - plan.recompute_seconds) / saved
+                if best is None or price < best[0]:
+                    best = (price, trial, trial_memory)
+        if best is None or time.perf_counter() >= deadline:
+            return None
+        _, plan, memory = best
+    return plan, memory
+
+
+def _fewer_kept(problem: Problem, plan: Plan, memory: PlanMemory, deadline: float) -> list[Plan]:
+    """Plans with one kept value alive at the peak given up, the least added recompute time per
+    byte of the value's storage first."""
+    values, sizes = problem.values, problem.storage_bytes
+    alive = _storages_alive_at_peak(problem, plan, memory)
+    priced = []
+    for v in sorted(plan.kept):
+        if values[v].storage not in alive or not sizes[values[v].storage] or time.perf_counter() >= deadline:
+            continue
+        kept, recomputed = closure_from_keep_set(problem, plan.kept - {v})
+        if kept == plan.kept:
+            continue  # v cannot be recomputed
+        trial = Plan(problem, kept, recomputed, REPAIR_SOLVER_NAME)
+        priced.append(((trial.recompute_seconds - plan.recompute_seconds) / sizes[values[v].storage], v, trial))
+    return [trial for _, _, trial in sorted(priced, key=lambda item: item[:2])]
+
+
+def _storages_alive_at_peak(problem: Problem, plan: Plan, memory: PlanMemory) -> set[int]:
+    """Storages the plan has alive at its simulated peak (every kept one at a forward peak:
+    giving one up may lower it when it is made before the peak)."""
+    values = problem.values
+    if memory.peak_phase != "backward":
+        return {values[v].storage for v in plan.kept}
+    at = memory.peak_index
+    return {values[lifetime.value].storage for lifetime in backward_lifetimes(problem, plan)[1]
+            if lifetime.begin <= at <= lifetime.end}

@@ -26,8 +26,11 @@ gets rows the simulator justifies, and every plan is checked on the simulator:
    After the exact rows, not before: where they prove the optimum it is not needed (on the
    small models of ``benchmarks.peak_optimality`` that cut planning from 9-29 s to 3-18 s on
    the three they prove, with the same plans everywhere, h256 models included).
-6. ``refresh``: plans that overshoot but are cheaper than the best that fits get refreshed
-   values (made again for each step that reads them) while that lowers their peak.
+6. Plans that overshoot but are cheaper than the best that fits are made to fit, closest to
+   the budget first: by giving up kept values alive at the peak (``local_search.repair``,
+   then the local search from the result) or by refreshing values (``refresh``: made again
+   for each step that reads them). On deep models this is where the plans that beat per-block
+   checkpointing come from: the rounds of cuts take ~10 s a solve there and end over budget.
 
 The answer is the cheapest candidate whose simulated peak fits: "optimal" only when its cost
 meets the proven bound, else "feasible" with the gap to it (None when no bound was proven). A
@@ -47,7 +50,7 @@ from ._model import plan_from, rounding_for, time_weights, weights_for
 from ._run import solve_once
 from .errors import BudgetInfeasibleError
 from .exact_rows import ExactRowPlaces
-from .local_search import improve
+from .local_search import improve, repair
 from .memory import PlanMemory, backward_lifetimes, backward_steps_of, simulate_plan
 from .peak_rows import PeakRows, cuts_at
 from .refresh import refresh_to_fit
@@ -65,8 +68,11 @@ CUT_ROUNDS = 12
 # Saved-bytes caps (fractions of keep-all) probed when a search finds nothing that fits.
 PROBE_FRACTIONS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7)
 PROBE_TIME_LIMIT = 30.0
-# Multiple recomputation of overshooting plans may run this share of the time limit past it.
-REFRESH_SHARE = 0.2
+# Making cheaper plans that overshoot fit (giving up kept values, or multiple recomputation) may
+# run this share of the time limit past it.
+FIT_SHARE = 0.2
+# Share of what is left of that window one plan's repair (``local_search.repair``) may use.
+REPAIR_SHARE = 0.5
 # Share of the time limit for the local search from the best plan that fits (``local_search``).
 LOCAL_SHARE = 0.25
 # Share of the time limit the exact rows (``exact_rows``) may use, after the other searches.
@@ -166,7 +172,8 @@ def solve_peak(
         bound = search.exact_rounds(search.relaxed_plan, bound, min(search._left(), exact_share * time_limit))
     if cap_solver == "ilp" and not search.proven_by(bound):  # the simulator's own local search
         search.polish(min(search._left(), LOCAL_SHARE * time_limit))
-    search.refresh_cheaper(budget_bytes, began + time_limit * (1 + REFRESH_SHARE))
+    # A plan that gives up kept values stays inside the peak model: none beats a proven optimum.
+    search.fit_cheaper(budget_bytes, began + time_limit * (1 + FIT_SHARE), repair_kept=not search.proven_by(bound))
     fitting = [c for c in search.candidates if c.memory.peak_bytes <= budget_bytes]
     if not fitting:
         # The stated minimum must itself work when tried, so it comes from a fixed probe of
@@ -178,7 +185,7 @@ def solve_peak(
             raise BudgetInfeasibleError(budget_bytes, lowest, keep_all_memory.peak_bytes, kind="peak")
     best = min(fitting, key=lambda c: (c.plan.predicted_extra_seconds, c.memory.peak_bytes, c.plan.kept_bytes))
     if best.plan.refreshed:  # the rows' bound holds each recomputed value across its reads: not for this plan
-        bound = search.any_schedule_bound(began + time_limit * (1 + REFRESH_SHARE))
+        bound = search.any_schedule_bound(began + time_limit * (1 + FIT_SHARE))
     gap = relative_gap(best.plan.predicted_extra_seconds, bound)
     if gap is not None and gap <= PROVEN_GAP:
         return _finish(best.plan, best.memory, Status.OPTIMAL, 0.0)
@@ -403,28 +410,43 @@ class _Search:
             else:  # nothing valid explains the excess: ask the rows for that much more room
                 margin += candidate.memory.peak_bytes - self.budget
 
-    def refresh_cheaper(self, budget: int, deadline: float) -> None:
-        """Multiple recomputation (``solvers.refresh``) on the plans that overshoot, cheapest
-        first, while they are cheaper than the best plan that fits."""
-        fitting = [c.plan.predicted_extra_seconds for c in self.candidates if c.memory.peak_bytes <= budget]
-        best = min(fitting, default=float("inf"))
-        over = sorted((c for c in self.candidates if c.memory.peak_bytes > budget),
-                      key=lambda c: c.plan.predicted_extra_seconds)
+    def fit_cheaper(self, budget: int, deadline: float, repair_kept: bool = True) -> None:
+        """Make the plans that overshoot but are cheaper than the best that fits fit: give up
+        kept values alive at their peak (``local_search.repair``) or refresh held recomputed
+        ones (``solvers.refresh``), the closest to the budget first, while they stay cheaper.
+        A repaired plan that becomes the best is then improved by the local search. Without
+        ``repair_kept`` only refreshing is tried."""
+        best = min((c.plan.predicted_extra_seconds for c in self.candidates if c.memory.peak_bytes <= budget),
+                   default=float("inf"))
+        over = sorted((c for c in self.candidates if c.memory.peak_bytes > budget and not c.plan.offloaded
+                       and c.plan.predicted_extra_seconds < best),
+                      key=lambda c: (c.memory.peak_bytes, c.plan.predicted_extra_seconds))
         tried: set[tuple[frozenset[int], frozenset[int]]] = set()
+        repaired: Plan | None = None
         for candidate in over:
             plan = candidate.plan
-            if plan.predicted_extra_seconds >= best or time.perf_counter() > deadline:
+            if time.perf_counter() > deadline:
                 break
-            if (plan.kept, plan.recomputed) in tried or plan.offloaded:
+            if plan.predicted_extra_seconds >= best or (plan.kept, plan.recomputed) in tried:
                 continue
             tried.add((plan.kept, plan.recomputed))
-            found = refresh_to_fit(self.problem, plan, budget, deadline, candidate.memory)
-            if found is not None:
-                refreshed = _Candidate(*found)
-                self.candidates.append(refreshed)
-                best = min(best, refreshed.plan.predicted_extra_seconds)
-                logger.debug("ilp_peak: refreshing %d values fits a plan of %.3g s", len(refreshed.plan.refreshed),
-                             refreshed.plan.predicted_extra_seconds)
+            refreshed = refresh_to_fit(self.problem, plan, budget, deadline, candidate.memory)
+            # A repair that fails can take long on deep models (each try of a step is simulated):
+            # it gets a share of what is left, so that the other plans get theirs.
+            slice_end = min(deadline, time.perf_counter() + REPAIR_SHARE * (deadline - time.perf_counter()))
+            given_up = repair(self.problem, plan, budget, slice_end, candidate.memory) if repair_kept else None
+            for how, found in (("refreshing", refreshed), ("giving up kept values", given_up)):
+                if found is None or found[0].predicted_extra_seconds >= best:
+                    continue
+                self.candidates.append(_Candidate(*found))
+                best = found[0].predicted_extra_seconds
+                repaired = found[0] if not found[0].refreshed else None
+                logger.debug("ilp_peak: %s fits a plan of %.4g s (it overshot by %d B)", how, best,
+                             candidate.memory.peak_bytes - budget)
+        if repaired is not None and time.perf_counter() < deadline:
+            better = improve(self.problem, repaired, budget, deadline)
+            if better is not repaired:
+                self._add(better)
 
     def any_schedule_bound(self, deadline: float) -> float | None:
         """The bound of ``schedule_bound`` (any schedule, multiple recomputation included), for a

@@ -1,5 +1,6 @@
 """The simulator-judged local search (``solvers.local_search``): never over budget, never costlier,
-and it finds what per-block checkpointing leaves on the table."""
+and it finds what per-block checkpointing leaves on the table; its repair makes plans that
+overshoot fit by giving up kept values."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 
 from remat_pass.solvers import baselines
 from remat_pass.solvers._graph import relevant_values
-from remat_pass.solvers.local_search import improve
+from remat_pass.solvers.local_search import improve, repair
 from remat_pass.solvers.memory import simulate_plan
 from remat_pass.solvers.problem import Plan, closure_from_keep_set
 
@@ -49,3 +50,43 @@ def test_it_beats_per_block_checkpointing_at_its_own_peak():
     better = improve(problem, per_block, budget, time.perf_counter() + 30)
     assert simulate_plan(problem, better).peak_bytes <= budget
     assert better.recompute_seconds < 0.95 * per_block.recompute_seconds
+
+
+def test_a_repaired_plan_fits_and_a_plan_that_fits_is_left_alone():
+    problem = transformer()
+    keepable = sorted(v for v in relevant_values(problem) if problem.values[v].keepable)
+    plans = sorted({closure_from_keep_set(problem, keep) for size in range(len(keepable) + 1)
+                    for keep in combinations(keepable, size)}, key=lambda p: (sorted(p[0]), sorted(p[1])))
+    memories = {plan: simulate_plan(problem, Plan(problem, *plan, "brute")) for plan in plans}
+    peaks = sorted({memory.peak_bytes for memory in memories.values()})
+    repaired = 0
+    for budget in peaks[:: max(len(peaks) // 4, 1)]:
+        for kept, recomputed in random.Random(1).sample(plans, min(40, len(plans))):
+            plan = Plan(problem, kept, recomputed, "brute")
+            found = repair(problem, plan, budget, time.perf_counter() + 5)
+            if memories[(kept, recomputed)].peak_bytes <= budget:
+                assert found is not None and found[0] is plan
+                continue
+            if found is not None:
+                repaired += 1
+                assert found[1].peak_bytes <= budget
+                assert simulate_plan(problem, found[0]).peak_bytes == found[1].peak_bytes
+                assert found[0].recompute_seconds >= plan.recompute_seconds
+    assert repaired > 0
+
+
+def test_repair_makes_keep_all_fit_per_block_checkpointings_peak():
+    from remat_pass.pipeline import trace_step
+
+    torch._dynamo.reset()
+    model, inputs, loss = make_case("gpt")
+    problem = trace_step(model, inputs, loss_fn=loss, device="cpu", costs="flops").problem
+    torch._dynamo.reset()
+    decision = baselines.per_block(problem)
+    budget = simulate_plan(problem, Plan(problem, decision.kept, decision.recomputed, "per_block")).peak_bytes
+    keep_all = baselines.keep_all(problem)
+    keep_all = Plan(problem, keep_all.kept, keep_all.recomputed, "keep_all")
+    assert simulate_plan(problem, keep_all).peak_bytes > budget
+    found = repair(problem, keep_all, budget, time.perf_counter() + 60)
+    assert found is not None
+    assert found[1].peak_bytes <= budget and simulate_plan(problem, found[0]).peak_bytes <= budget
