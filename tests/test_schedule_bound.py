@@ -87,3 +87,27 @@ def test_the_steps_with_rows_are_where_fixed_memory_is_highest():
     problem = _chain()
     assert fixed_step_bytes(problem) == [8, 8, 16, 0, 8]
     assert bound_steps(problem, 2) == [0, 2] and bound_steps(problem, 10) == [0, 1, 2, 3, 4]
+
+
+def test_the_benchmarks_flop_bound_never_exceeds_a_plan_that_fits():
+    """``benchmarks.vs_checkpoint.any_schedule_flops`` prices the step by FLOPs alone: at every
+    budget its bound is at most the FLOPs of the plan that recomputes fewest and fits."""
+    from benchmarks.vs_checkpoint import any_schedule_flops
+
+    base = transformer()
+    problem = dataclasses.replace(base, values=tuple(
+        dataclasses.replace(value, flops=round(value.recompute_seconds * 1e6) + 7 * i)
+        for i, value in enumerate(base.values)))
+    keepable = sorted(v for v in relevant_values(problem) if problem.values[v].keepable)
+    plans = []
+    for keep in _subsets(keepable):
+        plan = Plan(problem, *closure_from_keep_set(problem, keep), "brute")
+        plans.append((simulate_plan(problem, plan).peak_bytes, plan.recompute_flops))
+    lowest, highest = min(p for p, _ in plans), max(p for p, _ in plans)
+    bounds = []
+    for budget in range(lowest, highest + 1, max((highest - lowest) // 5, 1)):
+        fewest = min(flops for peak, flops in plans if peak <= budget)
+        bound = any_schedule_flops(problem, budget, seconds=30)
+        assert bound is not None and bound <= fewest, (budget, bound, fewest)
+        bounds.append(bound)
+    assert bounds[0] > 0  # at the lowest peak something must be recomputed: the bound says so
