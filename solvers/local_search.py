@@ -16,10 +16,8 @@ optimum of these moves, or the best plan when the time runs out; every plan is a
 its keep set (``closure_from_keep_set``), so it is valid by construction.
 
 ``repair`` goes the other way, from a plan that overshoots: it gives up kept values alive at the
-peak, the least added recompute time per byte of peak saved first, until the plan fits. The
-peak planner's MIPs often end with cheap plans a few percent over the budget; on deep models
-their rounds of cuts take ~10 s each (a 12-layer GPT, 1000 values), so the rounds run out of
-time before they fit, and a plan repaired here is what beats per-block checkpointing there.
+peak, the least added recompute time per byte of peak saved first, until the plan fits (the
+peak planner runs it on its cheaper plans that overshoot: ``solvers.overshoot``).
 """
 
 from __future__ import annotations

@@ -26,11 +26,10 @@ gets rows the simulator justifies, and every plan is checked on the simulator:
    After the exact rows, not before: where they prove the optimum it is not needed (on the
    small models of ``benchmarks.peak_optimality`` that cut planning from 9-29 s to 3-18 s on
    the three they prove, with the same plans everywhere, h256 models included).
-6. Plans that overshoot but are cheaper than the best that fits are made to fit, closest to
-   the budget first: by giving up kept values alive at the peak (``local_search.repair``,
-   then the local search from the result) or by refreshing values (``refresh``: made again
-   for each step that reads them). On deep models this is where the plans that beat per-block
-   checkpointing come from: the rounds of cuts take ~10 s a solve there and end over budget.
+6. Plans that overshoot but are cheaper than the best that fits are made to fit
+   (``overshoot``): by giving up kept values alive at the peak, or by refreshing values (made
+   again for each step that reads them). On deep models the plans that beat per-block
+   checkpointing come from here: the rounds of cuts take ~10 s a solve there and end over budget.
 
 The answer is the cheapest candidate whose simulated peak fits: "optimal" only when its cost
 meets the proven bound, else "feasible" with the gap to it (None when no bound was proven). A
@@ -50,10 +49,10 @@ from ._model import plan_from, rounding_for, time_weights, weights_for
 from ._run import solve_once
 from .errors import BudgetInfeasibleError
 from .exact_rows import ExactRowPlaces
-from .local_search import improve, repair
+from .local_search import improve
 from .memory import PlanMemory, backward_lifetimes, backward_steps_of, simulate_plan
+from .overshoot import fit_cheaper
 from .peak_rows import PeakRows, cuts_at
-from .refresh import refresh_to_fit
 from .saved_cap_rows import CapPeakModel, pinned_bytes, row_holds, tighten_saved
 from .schedule_bound import any_schedule_bound
 from .problem import Plan, Problem
@@ -71,8 +70,6 @@ PROBE_TIME_LIMIT = 30.0
 # Making cheaper plans that overshoot fit (giving up kept values, or multiple recomputation) may
 # run this share of the time limit past it.
 FIT_SHARE = 0.2
-# Share of what is left of that window one plan's repair (``local_search.repair``) may use.
-REPAIR_SHARE = 0.5
 # Share of the time limit for the local search from the best plan that fits (``local_search``).
 LOCAL_SHARE = 0.25
 # Share of the time limit the exact rows (``exact_rows``) may use, after the other searches.
@@ -411,42 +408,10 @@ class _Search:
                 margin += candidate.memory.peak_bytes - self.budget
 
     def fit_cheaper(self, budget: int, deadline: float, repair_kept: bool = True) -> None:
-        """Make the plans that overshoot but are cheaper than the best that fits fit: give up
-        kept values alive at their peak (``local_search.repair``) or refresh held recomputed
-        ones (``solvers.refresh``), the closest to the budget first, while they stay cheaper.
-        A repaired plan that becomes the best is then improved by the local search. Without
-        ``repair_kept`` only refreshing is tried."""
-        best = min((c.plan.predicted_extra_seconds for c in self.candidates if c.memory.peak_bytes <= budget),
-                   default=float("inf"))
-        over = sorted((c for c in self.candidates if c.memory.peak_bytes > budget and not c.plan.offloaded
-                       and c.plan.predicted_extra_seconds < best),
-                      key=lambda c: (c.memory.peak_bytes, c.plan.predicted_extra_seconds))
-        tried: set[tuple[frozenset[int], frozenset[int]]] = set()
-        repaired: Plan | None = None
-        for candidate in over:
-            plan = candidate.plan
-            if time.perf_counter() > deadline:
-                break
-            if plan.predicted_extra_seconds >= best or (plan.kept, plan.recomputed) in tried:
-                continue
-            tried.add((plan.kept, plan.recomputed))
-            refreshed = refresh_to_fit(self.problem, plan, budget, deadline, candidate.memory)
-            # A repair that fails can take long on deep models (each try of a step is simulated):
-            # it gets a share of what is left, so that the other plans get theirs.
-            slice_end = min(deadline, time.perf_counter() + REPAIR_SHARE * (deadline - time.perf_counter()))
-            given_up = repair(self.problem, plan, budget, slice_end, candidate.memory) if repair_kept else None
-            for how, found in (("refreshing", refreshed), ("giving up kept values", given_up)):
-                if found is None or found[0].predicted_extra_seconds >= best:
-                    continue
-                self.candidates.append(_Candidate(*found))
-                best = found[0].predicted_extra_seconds
-                repaired = found[0] if not found[0].refreshed else None
-                logger.debug("ilp_peak: %s fits a plan of %.4g s (it overshot by %d B)", how, best,
-                             candidate.memory.peak_bytes - budget)
-        if repaired is not None and time.perf_counter() < deadline:
-            better = improve(self.problem, repaired, budget, deadline)
-            if better is not repaired:
-                self._add(better)
+        """Cheaper plans that overshoot, made to fit (``solvers.overshoot``), become candidates."""
+        plans = [(c.plan, c.memory) for c in self.candidates]
+        self.candidates += [_Candidate(*found) for found in fit_cheaper(self.problem, plans, budget, deadline,
+                                                                         repair_kept)]
 
     def any_schedule_bound(self, deadline: float) -> float | None:
         """The bound of ``schedule_bound`` (any schedule, multiple recomputation included), for a
