@@ -47,7 +47,7 @@ from . import baselines
 from ._mip import backend_works, resolve_backend, run_mip
 from ._model import plan_from, rounding_for, time_weights, weights_for
 from ._run import solve_once
-from .errors import BudgetInfeasibleError
+from .errors import BudgetInfeasibleError, SolverError
 from .exact_rows import ExactRowPlaces
 from .local_search import improve
 from .memory import PlanMemory, backward_lifetimes, backward_steps_of, simulate_plan
@@ -70,6 +70,8 @@ PROBE_TIME_LIMIT = 30.0
 # Making cheaper plans that overshoot fit (giving up kept values, or multiple recomputation) may
 # run this share of the time limit past it.
 FIT_SHARE = 0.2
+# Share of the time limit the saved-bytes-cap search may use before the peak rows (with the ILP).
+CAP_SHARE = 0.25
 # Share of the time limit for the local search from the best plan that fits (``local_search``).
 LOCAL_SHARE = 0.25
 # Share of the time limit the exact rows (``exact_rows``) may use, after the other searches.
@@ -158,12 +160,15 @@ def solve_peak(
         search.cap_seconds = time_limit / 8
     search.candidates += [_Candidate(p, simulate_plan(problem, p)) for p in baselines.heuristic_plans(problem)]
     bound: float | None = None
+    # The saved-bytes caps first: each is one quick ILP, so there are plans near the budget
+    # (some that fit, some that overshoot a little) before the peak-row MIPs, which take most
+    # of the limit on deep models (a 12-layer Llama: one conservative round ~40 s, no plan).
+    search.over_saved_cap(keep_all_memory, until=began + CAP_SHARE * time_limit if cap_solver == "ilp" else None)
     if cap_solver == "ilp":
         bound = search.with_step_rows(CUT_ROUNDS)
-
-    if search._left() > 0.1:  # the saved-bytes-cap search finds other plans: keep the best of both
-        search.over_saved_cap(keep_all_memory)
-        if search.overshooting_cap is not None and cap_solver == "ilp":
+        if search._left() > 0.1:  # the cap search resumed with what is left (tried caps are remembered)
+            search.over_saved_cap(keep_all_memory)
+        if search.overshooting_cap is not None and search._left() > 0.1:
             search.with_peak_rows(search.overshooting_cap, rounds)
     if search.relaxed_plan is not None:
         bound = search.exact_rounds(search.relaxed_plan, bound, min(search._left(), exact_share * time_limit))
@@ -203,6 +208,7 @@ class _Search:
         self.proven_infeasible = False  # the relaxation of the peak rows has no solution
         self.host_budget_bytes: int | None = None  # for cap_solver "ilp_offload"
         self.cap_seconds: float | None = None  # at most this long per cap solve (None: all that is left)
+        self.tried_caps: dict[int, _Candidate | None] = {}  # saved-bytes cap -> its plan (None: infeasible)
         self.relaxed_plan: Plan | None = None  # the plan of the valid rows' relaxation
         self.exact_backend = backend  # solves the exact rows' MIPs (``exact_backend_for``)
 
@@ -210,6 +216,19 @@ class _Search:
         return self.deadline - time.perf_counter()
 
     def _try_cap(self, cap: int, time_limit: float | None = None) -> _Candidate | None:
+        """The plan of saved-bytes cap ``cap`` (None below the smallest feasible one), solved once:
+        a cap asked again (the cap search resumed after the peak rows) is answered from memory."""
+        if cap in self.tried_caps:
+            return self.tried_caps[cap]
+        try:
+            found = self._solve_cap(cap, time_limit)
+        except SolverError as error:  # out of time on this cap (not remembered: with more it may solve)
+            logger.debug("ilp_peak: saved cap %d: %s", cap, error)
+            return None
+        self.tried_caps[cap] = found
+        return found
+
+    def _solve_cap(self, cap: int, time_limit: float | None) -> _Candidate | None:
         from .fast import solve_fast
         from .ilp import solve_ilp
 
@@ -250,19 +269,21 @@ class _Search:
         self.candidates += found
         return found
 
-    def over_saved_cap(self, keep_all_memory: PlanMemory, iterations: int = 10) -> None:
-        """Largest saved-bytes cap whose plan's simulated peak fits (secant, then bisection)."""
+    def over_saved_cap(self, keep_all_memory: PlanMemory, iterations: int = 10, until: float | None = None) -> None:
+        """Largest saved-bytes cap whose plan's simulated peak fits (secant, then bisection),
+        searched until ``until`` (the search's deadline by default)."""
         keep_all_bytes = self.problem.keep_all_bytes()
         overhead = keep_all_memory.peak_bytes - keep_all_bytes
         fits_at: int | None = None
         over_at: int | None = keep_all_bytes
         cap = max(self.budget - overhead, 1)
         tolerance = max(keep_all_bytes // 200, 1)
+        until = self.deadline if until is None else min(until, self.deadline)
         for _ in range(iterations):
-            if self._left() <= 0.1:
+            if until - time.perf_counter() <= 0.1:
                 break
             cap = max(cap, self.floor, 1)
-            candidate = self._try_cap(cap)
+            candidate = self._try_cap(cap, time_limit=until - time.perf_counter())
             if candidate is None:  # below the smallest feasible cap
                 cap = self.floor
                 continue
