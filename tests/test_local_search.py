@@ -8,13 +8,14 @@ import random
 import time
 from itertools import combinations
 
+import pytest
 import torch
 
 from remat_pass.solvers import baselines
 from remat_pass.solvers._graph import relevant_values
 from remat_pass.solvers.local_search import improve, repair
 from remat_pass.solvers.memory import simulate_plan
-from remat_pass.solvers.problem import Plan, closure_from_keep_set
+from remat_pass.solvers.problem import Plan, Problem, closure_from_keep_set
 
 from .models import make_case
 from .test_solvers import transformer
@@ -37,7 +38,9 @@ def test_from_every_plan_that_fits_the_result_fits_and_is_no_costlier():
             assert better.recompute_seconds <= plan.recompute_seconds
 
 
-def test_it_beats_per_block_checkpointing_at_its_own_peak():
+@pytest.fixture(scope="module")
+def gpt_at_per_blocks_peak() -> tuple[Problem, Plan, int]:
+    """The GPT case's step (FLOP-priced), per-block checkpointing's plan, and its simulated peak."""
     from remat_pass.pipeline import trace_step
 
     torch._dynamo.reset()
@@ -46,7 +49,11 @@ def test_it_beats_per_block_checkpointing_at_its_own_peak():
     torch._dynamo.reset()
     decision = baselines.per_block(problem)
     per_block = Plan(problem, decision.kept, decision.recomputed, "per_block")
-    budget = simulate_plan(problem, per_block).peak_bytes
+    return problem, per_block, simulate_plan(problem, per_block).peak_bytes
+
+
+def test_it_beats_per_block_checkpointing_at_its_own_peak(gpt_at_per_blocks_peak):
+    problem, per_block, budget = gpt_at_per_blocks_peak
     better = improve(problem, per_block, budget, time.perf_counter() + 30)
     assert simulate_plan(problem, better).peak_bytes <= budget
     assert better.recompute_seconds < 0.95 * per_block.recompute_seconds
@@ -75,15 +82,8 @@ def test_a_repaired_plan_fits_and_a_plan_that_fits_is_left_alone():
     assert repaired > 0
 
 
-def test_repair_makes_keep_all_fit_per_block_checkpointings_peak():
-    from remat_pass.pipeline import trace_step
-
-    torch._dynamo.reset()
-    model, inputs, loss = make_case("gpt")
-    problem = trace_step(model, inputs, loss_fn=loss, device="cpu", costs="flops").problem
-    torch._dynamo.reset()
-    decision = baselines.per_block(problem)
-    budget = simulate_plan(problem, Plan(problem, decision.kept, decision.recomputed, "per_block")).peak_bytes
+def test_repair_makes_keep_all_fit_per_block_checkpointings_peak(gpt_at_per_blocks_peak):
+    problem, _, budget = gpt_at_per_blocks_peak
     keep_all = baselines.keep_all(problem)
     keep_all = Plan(problem, keep_all.kept, keep_all.recomputed, "keep_all")
     assert simulate_plan(problem, keep_all).peak_bytes > budget
