@@ -13,7 +13,9 @@ gets rows the simulator justifies, and every plan is checked on the simulator:
    rows missed (a chain recomputed early and held, a kept value a later recompute reads), else
    the rows ask for the overshoot as margin, and the ILP runs again.
 2. The older search over saved-bytes caps (secant, then a few rounds of rows at the offending
-   step on the best cap that still overshoots) adds its plans.
+   step on the best cap that still overshoots) adds its plans. Its caps run first, for a
+   quarter of the limit at most (each is one quick ILP), and it resumes after step 1: on deep
+   models step 1's MIPs can take the whole limit and end with no plan.
 3. The checkpointing baselines (``per_block``: torch.utils.checkpoint per block) are
    candidates too, so the answer is never worse than them under this peak model.
 4. ``exact_rows``: where the relaxation's plans peak, rows that follow the just-in-time
