@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterator
 
 from ._graph import relevant_values
-from .memory import PlanMemory, backward_lifetimes, simulate_plan
+from .memory import PlanMemory, simulate_plan, storages_alive_at_peak
 from .problem import Plan, Problem, closure_from_keep_set
 
 # Graph distance (either direction) within which a kept value is tried as the one to give up.
@@ -138,7 +138,9 @@ def _fewer_kept(problem: Problem, plan: Plan, memory: PlanMemory, deadline: floa
     """Plans with one kept value alive at the peak given up, the least added recompute time per
     byte of the value's storage first."""
     values, sizes = problem.values, problem.storage_bytes
-    alive = _storages_alive_at_peak(problem, plan, memory)
+    # at a forward peak every kept storage may be under it (made before the peak)
+    alive = (storages_alive_at_peak(problem, plan, memory) if memory.peak_phase == "backward"
+             else {values[v].storage for v in plan.kept})
     priced = []
     for v in sorted(plan.kept):
         if values[v].storage not in alive or not sizes[values[v].storage] or time.perf_counter() >= deadline:
@@ -149,14 +151,3 @@ def _fewer_kept(problem: Problem, plan: Plan, memory: PlanMemory, deadline: floa
         trial = Plan(problem, kept, recomputed, REPAIR_SOLVER_NAME)
         priced.append(((trial.recompute_seconds - plan.recompute_seconds) / sizes[values[v].storage], v, trial))
     return [trial for _, _, trial in sorted(priced, key=lambda item: item[:2])]
-
-
-def _storages_alive_at_peak(problem: Problem, plan: Plan, memory: PlanMemory) -> set[int]:
-    """Storages the plan has alive at its simulated peak (every kept one at a forward peak:
-    giving one up may lower it when it is made before the peak)."""
-    values = problem.values
-    if memory.peak_phase != "backward":
-        return {values[v].storage for v in plan.kept}
-    at = memory.peak_index
-    return {values[lifetime.value].storage for lifetime in backward_lifetimes(problem, plan)[1]
-            if lifetime.begin <= at <= lifetime.end}

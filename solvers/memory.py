@@ -295,6 +295,16 @@ def simulate_plan(problem: Problem, plan: Plan) -> PlanMemory:
                       tuple(event.step for event in events))
 
 
+def storages_alive_at_peak(problem: Problem, plan: Plan, memory: PlanMemory) -> set[int]:
+    """The storages (of some bytes) ``plan`` has alive at its simulated backward peak; empty when
+    the peak is in the forward."""
+    if memory.peak_phase != "backward":
+        return set()
+    at, values = memory.peak_index, problem.values
+    return {values[lifetime.value].storage for lifetime in backward_lifetimes(problem, plan)[1]
+            if lifetime.begin <= at <= lifetime.end and problem.storage_bytes[values[lifetime.value].storage] > 0}
+
+
 def second_tensors(problem: Problem, plan: Plan, pinned: set[int]) -> set[int]:
     """Recomputed values that make a second tensor of a storage backward also has: a step
     output (held to the end), or a storage kept or offloaded through another value (the kept

@@ -52,7 +52,7 @@ from ._run import solve_once
 from .errors import BudgetInfeasibleError, SolverError
 from .exact_rows import ExactRowPlaces
 from .local_search import improve
-from .memory import PlanMemory, backward_lifetimes, backward_steps_of, simulate_plan
+from .memory import PlanMemory, backward_steps_of, simulate_plan, storages_alive_at_peak
 from .overshoot import fit_cheaper
 from .peak_rows import PeakRows, cuts_at
 from .saved_cap_rows import CapPeakModel, pinned_bytes, row_holds, tighten_saved
@@ -103,16 +103,8 @@ def _alive_at_peak(problem: Problem, plan: Plan, memory: PlanMemory) -> tuple[in
     """The backward step of the peak, the plan's storages alive then, and the working bytes."""
     if memory.peak_phase != "backward":
         return None, set(), 0
-    events, lifetimes = backward_lifetimes(problem, plan)
-    at = memory.peak_index
-    values = problem.values
-    alive = set()
-    for lifetime in lifetimes:
-        if lifetime.begin <= at <= lifetime.end and problem.storage_bytes[values[lifetime.value].storage] > 0:
-            alive.add(values[lifetime.value].storage)
-    step = events[at].step
-    working = backward_steps_of(problem)[step].working_bytes
-    return step, alive, working
+    step = memory.backward_event_steps[memory.peak_index]
+    return step, storages_alive_at_peak(problem, plan, memory), backward_steps_of(problem)[step].working_bytes
 
 
 @planner("ilp_peak", description="the ILP with simulated peak rows: the budget bounds the step's activation peak",
@@ -218,7 +210,7 @@ class _Search:
         return self.deadline - time.perf_counter()
 
     def _try_cap(self, cap: int, time_limit: float | None = None) -> _Candidate | None:
-        """The plan of saved-bytes cap ``cap`` (None below the smallest feasible one), solved once:
+        """The plan of saved-bytes cap ``cap`` (None below the smallest feasible one, or out of time), solved once:
         a cap asked again (the cap search resumed after the peak rows) is answered from memory."""
         if cap in self.tried_caps:
             return self.tried_caps[cap]

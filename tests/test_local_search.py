@@ -21,14 +21,21 @@ from .models import make_case
 from .test_solvers import transformer
 
 
+def _every_closure(problem: Problem) -> tuple[list[tuple[frozenset[int], frozenset[int]]], list[int]]:
+    """Every keep set's (kept, recomputed) closure, in a fixed order, and five budgets spread over
+    their distinct simulated peaks."""
+    keepable = sorted(v for v in relevant_values(problem) if problem.values[v].keepable)
+    plans = sorted({closure_from_keep_set(problem, keep) for size in range(len(keepable) + 1)
+                    for keep in combinations(keepable, size)}, key=lambda p: (sorted(p[0]), sorted(p[1])))
+    peaks = sorted({simulate_plan(problem, Plan(problem, k, r, "x")).peak_bytes for k, r in plans})
+    return plans, peaks[:: max(len(peaks) // 4, 1)]
+
+
 def test_from_every_plan_that_fits_the_result_fits_and_is_no_costlier():
     problem = transformer()
-    keepable = sorted(v for v in relevant_values(problem) if problem.values[v].keepable)
-    plans = {closure_from_keep_set(problem, keep) for size in range(len(keepable) + 1)
-             for keep in combinations(keepable, size)}
-    peaks = sorted({simulate_plan(problem, Plan(problem, k, r, "x")).peak_bytes for k, r in plans})
-    sample = random.Random(0).sample(sorted(plans, key=lambda p: (sorted(p[0]), sorted(p[1]))), min(40, len(plans)))
-    for budget in peaks[:: max(len(peaks) // 4, 1)]:
+    plans, budgets = _every_closure(problem)
+    sample = random.Random(0).sample(plans, min(40, len(plans)))
+    for budget in budgets:
         for kept, recomputed in sample:
             plan = Plan(problem, kept, recomputed, "brute")
             if simulate_plan(problem, plan).peak_bytes > budget:
@@ -61,17 +68,13 @@ def test_it_beats_per_block_checkpointing_at_its_own_peak(gpt_at_per_blocks_peak
 
 def test_a_repaired_plan_fits_and_a_plan_that_fits_is_left_alone():
     problem = transformer()
-    keepable = sorted(v for v in relevant_values(problem) if problem.values[v].keepable)
-    plans = sorted({closure_from_keep_set(problem, keep) for size in range(len(keepable) + 1)
-                    for keep in combinations(keepable, size)}, key=lambda p: (sorted(p[0]), sorted(p[1])))
-    memories = {plan: simulate_plan(problem, Plan(problem, *plan, "brute")) for plan in plans}
-    peaks = sorted({memory.peak_bytes for memory in memories.values()})
+    plans, budgets = _every_closure(problem)
     repaired = 0
-    for budget in peaks[:: max(len(peaks) // 4, 1)]:
+    for budget in budgets:
         for kept, recomputed in random.Random(1).sample(plans, min(40, len(plans))):
             plan = Plan(problem, kept, recomputed, "brute")
             found = repair(problem, plan, budget, time.perf_counter() + 5)
-            if memories[(kept, recomputed)].peak_bytes <= budget:
+            if simulate_plan(problem, plan).peak_bytes <= budget:
                 assert found is not None and found[0] is plan
                 continue
             if found is not None:
