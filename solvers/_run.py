@@ -68,6 +68,7 @@ def solve_once(
     gaps: tuple[float, float] = (REL_GAP, ABS_GAP),
     extension: ModelExtension | None = None,
     time_cap: float | None = None,
+    isolate: bool = False,
 ) -> Outcome:
     """Solve the model of ``problem`` under ``budget_bytes`` (rounded by ``rounding``) once.
 
@@ -76,7 +77,9 @@ def solve_once(
     ``mip=False`` solves the LP relaxation (its objective bounds the MIP). ``extension`` adds to
     the model and reads the plan back. ``time_cap`` (with ``weights``) solves the tie-break
     instead: fewest bytes, then recomputes, among plans whose time is at most ``time_cap`` units
-    (``_model.cap_time``).
+    (``_model.cap_time``). ``isolate`` runs the backend in a child stopped at the time limit
+    (``_attempt``), as every model that is not well scaled is: for large models on which HiGHS
+    has overrun its limit although well scaled (the peak rows of a 12-layer GPT-2: minutes past 20 s).
     """
     model = build(problem, rounding, budget_bytes, None if time_cap is not None else weights)
     if time_cap is not None:
@@ -90,7 +93,8 @@ def solve_once(
     # did): there, CBC's runs may find plans but not prove them.
     trusted = rounding.well_scaled and not (rounding.split and backend == "cbc")
     result = run_mip(model.lp, backend=backend, time_limit=max(time_limit, 0.05), threads=threads,
-                     start=start_values(model, start) if warm else None, mip=mip, gaps=gaps, isolate=not trusted)
+                     start=start_values(model, start) if warm else None, mip=mip, gaps=gaps,
+                     isolate=isolate or not trusted)
     bound = result.bound if trusted else None
     if not mip:
         return Outcome(result, bound=result.objective if trusted and result.status == "optimal" else None)

@@ -1,0 +1,68 @@
+"""Block-mirrored plans (``solvers.mirrored``): identical blocks tied in the peak rows' MIP."""
+
+from __future__ import annotations
+
+import pytest
+
+from remat_pass.solvers import baselines
+from remat_pass.solvers._model import rounding_for, weights_for
+from remat_pass.solvers._run import solve_once
+from remat_pass.solvers.fast.blocks import decompose
+from remat_pass.solvers.memory import simulate_plan
+from remat_pass.solvers.mirrored import MIN_BLOCKS, MirroredRows, mirrored_pairs
+from remat_pass.solvers.peak_rows import PeakRows
+from remat_pass.solvers.problem import Plan
+
+from .test_fast_solver import random_problem
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_block_but_the_last_takes_the_first_ones_choices_position_by_position(seed):
+    problem = random_problem(seed, blocks=5)
+    split = decompose(problem)
+    pairs = set(mirrored_pairs(problem))
+    expected = set()
+    for members in split.classes:
+        groups = [split.groups[g] for g in members]
+        if len(groups) >= MIN_BLOCKS:
+            expected |= {(a, b) for group in groups[1:-1] for a, b in zip(groups[0].members, group.members)}
+            assert not {v for pair in pairs for v in pair} & set(groups[-1].members)  # the last block is free
+    assert pairs == expected and pairs
+    for a, b in pairs:
+        first, other = problem.values[a], problem.values[b]
+        assert (first.op, first.recompute_seconds, first.keepable) == (other.op, other.recompute_seconds, other.keepable)
+        assert problem.storage_bytes[first.storage] == problem.storage_bytes[other.storage]
+
+
+def test_fewer_identical_blocks_than_the_minimum_are_not_tied():
+    assert mirrored_pairs(random_problem(1, blocks=MIN_BLOCKS - 1)) == ()
+    assert mirrored_pairs(random_problem(1, blocks=0)) == ()
+
+
+@pytest.mark.parametrize("seed", [1, 2, 4, 5])
+def test_a_mirrored_plan_is_a_valid_plan_alike_in_tied_blocks_and_no_cheaper_than_the_untied_one(seed):
+    """A restriction of the same rows: its plan keeps alike what is tied, and the untied MIP
+    (which can choose that plan too) is never costlier."""
+    problem = random_problem(seed, blocks=5)
+    pairs = mirrored_pairs(problem)
+    per_block = baselines.per_block(problem)
+    keep_all = baselines.keep_all(problem)
+    low = simulate_plan(problem, Plan(problem, per_block.kept, per_block.recomputed, "per_block")).peak_bytes
+    high = simulate_plan(problem, Plan(problem, keep_all.kept, keep_all.recomputed, "keep_all")).peak_bytes
+    rounding, weights = rounding_for(problem), weights_for(problem)
+    compared = 0
+    for budget in sorted({low, (low + high) // 2, high - 1}):
+        rows = PeakRows(problem, budget, rounding, transients=True, kept_readers=True)
+        tied = solve_once(problem, None, rounding=rounding, weights=weights, time_limit=20, backend="highs",
+                          extension=MirroredRows(rows, pairs))
+        free = solve_once(problem, None, rounding=rounding, weights=weights, time_limit=20, backend="highs",
+                          extension=rows)
+        if tied.plan is None:
+            continue
+        for a, b in pairs:
+            assert (a in tied.plan.kept) == (b in tied.plan.kept)
+        simulate_plan(problem, tied.plan)  # a valid plan: the simulator runs it
+        assert free.plan is not None and free.status == tied.status == "optimal"
+        assert weights.evaluate(free.plan) <= weights.evaluate(tied.plan) * (1 + 1e-9) + 1e-9
+        compared += 1
+    assert compared > 0
