@@ -36,17 +36,20 @@ relaxation's plan peaks (``ExactRowPlaces``, used by ``solvers.peak``).
 from __future__ import annotations
 
 import functools
+import logging
 from dataclasses import dataclass, field
 
 import pulp
 
-from ._mip import fraction
+from ._mip import backend_works, fraction, resolve_backend
 from ._model import Model, Rounding
 from .memory import (PlanMemory, backward_lifetimes, backward_steps_of, forward_computed, read_spans,
                      working_while_making)
 from .peak_rows import PeakRows, earliest_need
 from .problem import Plan, Problem
 from .tags import Tag
+
+logger = logging.getLogger(__name__)
 
 
 def latest_need(problem: Problem, last: dict[int, int]) -> list[int]:
@@ -307,3 +310,16 @@ def _ancestors_of_outputs(problem: Problem) -> frozenset[int]:
                 found.add(u)
                 stack.append(u)
     return frozenset(found)
+
+
+def exact_backend_for(name: str, backend: str) -> str:
+    """The backend of the exact rows' MIPs: "auto" is CP-SAT where OR-Tools is installed (it
+    proves their optimum in seconds where HiGHS's bound stalls: their LP relaxation is weak),
+    else ``backend``, the one the other searches use."""
+    if name != "auto":
+        return resolve_backend(name)
+    if backend_works("cpsat"):
+        return "cpsat"
+    logger.info("ilp_peak: OR-Tools is not installed; the exact rows run on %s, which closes their gap "
+                "slowly (`pip install ortools` for CP-SAT)", backend)
+    return backend

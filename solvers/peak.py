@@ -12,12 +12,14 @@ gets rows the simulator justifies, and every plan is checked on the simulator:
    of recomputed values) give plans; where one overshoots, valid cuts explain the storages the
    rows missed (a chain recomputed early and held, a kept value a later recompute reads), else
    the rows ask for the overshoot as margin, and the ILP runs again. Where a model repeats a
-   block three times or more, a few rounds with identical blocks tied come first (``mirrored``:
-   an L times smaller MIP; on 12-layer models the best plans come from it).
+   block three times or more, one solve of these rows with identical blocks tied comes first,
+   before step 2 (``mirrored``: an L times smaller MIP; on 12-layer models the best plans come
+   from it; a tied plan a little over the budget is made to fit in step 6: a second round with
+   cuts did not move the 12-layer Llama's).
 2. The older search over saved-bytes caps (secant, then a few rounds of rows at the offending
-   step on the best cap that still overshoots) adds its plans. Its caps run first, for a
-   quarter of the limit at most (each is one quick ILP), and it resumes after step 1: on deep
-   models step 1's MIPs can take the whole limit and end with no plan.
+   step on the best cap that still overshoots) adds its plans. Its caps (one quick ILP each)
+   run before the rest of step 1 until a quarter of the limit has passed, and it resumes after
+   step 1: on deep models step 1's untied MIPs can take the whole limit and end with no plan.
 3. The checkpointing baselines (``per_block``: torch.utils.checkpoint per block) are
    candidates too, so the answer is never worse than them under this peak model.
 4. ``exact_rows``: where the relaxation's plans peak, rows that follow the just-in-time
@@ -48,11 +50,11 @@ import time
 from dataclasses import dataclass
 
 from . import baselines
-from ._mip import backend_works, resolve_backend, run_mip
+from ._mip import resolve_backend, run_mip
 from ._model import plan_from, rounding_for, time_weights, weights_for
 from ._run import solve_once
 from .errors import BudgetInfeasibleError, SolverError
-from .exact_rows import ExactRowPlaces
+from .exact_rows import ExactRowPlaces, exact_backend_for
 from .local_search import improve
 from .memory import PlanMemory, backward_steps_of, simulate_plan, storages_alive_at_peak
 from .mirrored import MirroredRows, mirrored_pairs
@@ -69,9 +71,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_ROUNDS = 4
 # Rounds of valid cuts (each one ILP solve) before the peak-row search gives up.
 CUT_ROUNDS = 12
-# Rounds of the same with identical blocks tied (``mirrored``), first: a tied plan a little over
-# the budget is made to fit later (``overshoot``), more rounds rarely moved it (12-layer Llama).
-MIRRORED_ROUNDS = 2
 # Saved-bytes caps (fractions of keep-all) probed when a search finds nothing that fits.
 PROBE_FRACTIONS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7)
 PROBE_TIME_LIMIT = 30.0
@@ -160,9 +159,12 @@ def solve_peak(
         search.cap_seconds = time_limit / 8
     search.candidates += [_Candidate(p, simulate_plan(problem, p)) for p in baselines.heuristic_plans(problem)]
     bound: float | None = None
-    # The saved-bytes caps first: each is one quick ILP, so there are plans near the budget
-    # (some that fit, some that overshoot a little) before the peak-row MIPs, which take most
-    # of the limit on deep models (a 12-layer Llama: one conservative round ~40 s, no plan).
+    # Identical blocks tied first (``mirrored``), then the saved-bytes caps: each is one quick ILP,
+    # so there are plans near the budget (some that fit, some that overshoot a little) before the
+    # untied peak-row MIPs, which take most of the limit on deep models (a 12-layer Llama: one
+    # conservative round ~40 s, no plan).
+    if cap_solver == "ilp":
+        search.with_mirrored_rows(FIT_SHARE * time_limit)
     search.over_saved_cap(keep_all_memory, until=began + CAP_SHARE * time_limit if cap_solver == "ilp" else None)
     if cap_solver == "ilp":
         bound = search.with_step_rows(CUT_ROUNDS)
@@ -326,11 +328,23 @@ class _Search:
         bound = outcome.bound * unit if outcome.bound is not None else None
         if outcome.plan is not None:
             self.relaxed_plan = self._add(outcome.plan).plan
-        pairs = mirrored_pairs(problem)
-        if pairs:  # identical blocks alike first: a far smaller MIP (``mirrored``), then each block free
-            self._rounds(MIRRORED_ROUNDS, self._left() / 2, pairs)
         self._rounds(rounds, self._left() / 2)  # the cap search and its rounds get the rest
         return bound
+
+    def with_mirrored_rows(self, fit_seconds: float) -> None:
+        """One plan of the conservative step rows with identical blocks tied (``mirrored``), in
+        half of what is left at most, where blocks repeat: on deep models its plans are the best,
+        and the other MIPs can use the whole limit without one (a 12-layer Llama: ~19 s for it,
+        model build included). A plan a little over the budget is made to fit at once, for up to
+        ``fit_seconds``: in a benchmark run the untied MIPs after it overran (model builds of 20 s)
+        and left no time for that at the end, so the Llama got per-block's plan."""
+        pairs = mirrored_pairs(self.problem)
+        if not pairs:
+            return
+        before = len(self.candidates)
+        self._rounds(1, self._left() / 2, pairs)
+        if any(c.memory.peak_bytes > self.budget for c in self.candidates[before:]):
+            self.fit_cheaper(self.budget, time.perf_counter() + fit_seconds)
 
     def exact_rounds(self, plan: Plan, bound: float | None, seconds: float) -> float | None:
         """Tighten the relaxation where its plan peaks (``exact_rows``) while that helps.
@@ -479,19 +493,6 @@ class _Search:
             peak_model.add_valid_row(step)
             if row_holds(self.problem, plan, step, self.budget, peak_model.pinned_bytes):
                 peak_model.add_no_good_row(plan, alive, working)
-
-
-def exact_backend_for(name: str, backend: str) -> str:
-    """The backend of the exact rows' MIPs: "auto" is CP-SAT where OR-Tools is installed (it
-    proves their optimum in seconds where HiGHS's bound stalls: their LP relaxation is weak),
-    else ``backend``, the one the other searches use."""
-    if name != "auto":
-        return resolve_backend(name)
-    if backend_works("cpsat"):
-        return "cpsat"
-    logger.info("ilp_peak: OR-Tools is not installed; the exact rows run on %s, which closes their gap "
-                "slowly (`pip install ortools` for CP-SAT)", backend)
-    return backend
 
 
 def _finish(plan: Plan, memory: PlanMemory, status: Status, gap: float | None) -> Decision:

@@ -88,7 +88,7 @@ def test_without_ortools_the_backend_names_the_install(monkeypatch):
 
 
 def test_the_exact_rows_use_cpsat_when_installed_and_the_main_backend_otherwise(monkeypatch):
-    from remat_pass.solvers.peak import exact_backend_for
+    from remat_pass.solvers.exact_rows import exact_backend_for
 
     assert exact_backend_for("auto", "highs") == "cpsat"
     assert exact_backend_for("highs", "cbc") == "highs"
