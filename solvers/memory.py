@@ -305,6 +305,15 @@ def storages_alive_at_peak(problem: Problem, plan: Plan, memory: PlanMemory) -> 
             if lifetime.begin <= at <= lifetime.end and problem.storage_bytes[values[lifetime.value].storage] > 0}
 
 
+def peak_step_alive(problem: Problem, plan: Plan, memory: PlanMemory) -> tuple[int | None, set[int], int]:
+    """The backward step of ``plan``'s peak, its storages alive then (``storages_alive_at_peak``) and
+    the step's working bytes; (None, empty, 0) when the peak is in the forward."""
+    if memory.peak_phase != "backward":
+        return None, set(), 0
+    step = memory.backward_event_steps[memory.peak_index]
+    return step, storages_alive_at_peak(problem, plan, memory), backward_steps_of(problem)[step].working_bytes
+
+
 def second_tensors(problem: Problem, plan: Plan, pinned: set[int]) -> set[int]:
     """Recomputed values that make a second tensor of a storage backward also has: a step
     output (held to the end), or a storage kept or offloaded through another value (the kept

@@ -56,7 +56,7 @@ from ._run import solve_once
 from .errors import BudgetInfeasibleError, SolverError
 from .exact_rows import ExactRowPlaces, exact_backend_for
 from .local_search import improve
-from .memory import PlanMemory, backward_steps_of, simulate_plan, storages_alive_at_peak
+from .memory import PlanMemory, peak_step_alive, simulate_plan
 from .mirrored import MirroredRows, mirrored_pairs
 from .overshoot import fit_cheaper
 from .peak_rows import PeakRows, cuts_at
@@ -74,9 +74,10 @@ CUT_ROUNDS = 12
 # Saved-bytes caps (fractions of keep-all) probed when a search finds nothing that fits.
 PROBE_FRACTIONS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7)
 PROBE_TIME_LIMIT = 30.0
-# Making cheaper plans that overshoot fit (giving up kept values, or multiple recomputation) may
-# run this share of the time limit past it.
+# Making cheaper plans that overshoot fit (``overshoot``) may run this share of the limit past it.
 FIT_SHARE = 0.2
+# A tied step-rows solve (``mirrored``) this slow marks a deep model: its plan is made to fit at once.
+SLOW_TIED_SHARE = 0.1
 # Share of the time limit the saved-bytes-cap search may use before the peak rows (with the ILP).
 CAP_SHARE = 0.25
 # Share of the time limit for the local search from the best plan that fits (``local_search``).
@@ -104,12 +105,12 @@ class _Candidate:
     memory: PlanMemory
 
 
-def _alive_at_peak(problem: Problem, plan: Plan, memory: PlanMemory) -> tuple[int | None, set[int], int]:
-    """The backward step of the peak, the plan's storages alive then, and the working bytes."""
-    if memory.peak_phase != "backward":
-        return None, set(), 0
-    step = memory.backward_event_steps[memory.peak_index]
-    return step, storages_alive_at_peak(problem, plan, memory), backward_steps_of(problem)[step].working_bytes
+def _rank(candidate: _Candidate) -> tuple[float, int, int]:
+    """Cheapest first; within ``PROVEN_GAP``, a plan without refreshed values first: the peak
+    rows' proof covers it (a refreshed twin at the optimum's cost cost Gemma its "optimal")."""
+    cost = candidate.plan.predicted_extra_seconds
+    cost = cost if candidate.plan.refreshed else cost * (1 - PROVEN_GAP)
+    return cost, candidate.memory.peak_bytes, candidate.plan.kept_bytes
 
 
 @planner("ilp_peak", description="the ILP with simulated peak rows: the budget bounds the step's activation peak",
@@ -159,12 +160,10 @@ def solve_peak(
         search.cap_seconds = time_limit / 8
     search.candidates += [_Candidate(p, simulate_plan(problem, p)) for p in baselines.heuristic_plans(problem)]
     bound: float | None = None
-    # Identical blocks tied first (``mirrored``), then the saved-bytes caps: each is one quick ILP,
-    # so there are plans near the budget (some that fit, some that overshoot a little) before the
-    # untied peak-row MIPs, which take most of the limit on deep models (a 12-layer Llama: one
-    # conservative round ~40 s, no plan).
+    # Identical blocks tied, then the saved-bytes caps (quick ILPs): plans near the budget before the
+    # untied peak-row MIPs, which on deep models can take the limit (12-layer Llama: ~40 s, no plan).
     if cap_solver == "ilp":
-        search.with_mirrored_rows(FIT_SHARE * time_limit)
+        search.with_mirrored_rows(time_limit)
     search.over_saved_cap(keep_all_memory, until=began + CAP_SHARE * time_limit if cap_solver == "ilp" else None)
     if cap_solver == "ilp":
         bound = search.with_step_rows(CUT_ROUNDS)
@@ -177,7 +176,7 @@ def solve_peak(
     if cap_solver == "ilp" and not search.proven_by(bound):  # the simulator's own local search
         search.polish(min(search._left(), LOCAL_SHARE * time_limit))
     # A plan that gives up kept values stays inside the peak model: none beats a proven optimum.
-    search.fit_cheaper(budget_bytes, began + time_limit * (1 + FIT_SHARE), repair_kept=not search.proven_by(bound))
+    search.fit_cheaper(search.candidates, began + time_limit * (1 + FIT_SHARE), repair_kept=not search.proven_by(bound))
     fitting = [c for c in search.candidates if c.memory.peak_bytes <= budget_bytes]
     if not fitting:
         # The stated minimum must itself work when tried, so it comes from a fixed probe of
@@ -187,7 +186,7 @@ def solve_peak(
         if not fitting:
             lowest = min(c.memory.peak_bytes for c in probes)
             raise BudgetInfeasibleError(budget_bytes, lowest, keep_all_memory.peak_bytes, kind="peak")
-    best = min(fitting, key=lambda c: (c.plan.predicted_extra_seconds, c.memory.peak_bytes, c.plan.kept_bytes))
+    best = min(fitting, key=_rank)
     if best.plan.refreshed:  # the rows' bound holds each recomputed value across its reads: not for this plan
         bound = search.any_schedule_bound(began + time_limit * (1 + FIT_SHARE))
     gap = relative_gap(best.plan.predicted_extra_seconds, bound)
@@ -213,6 +212,7 @@ class _Search:
         self.tried_caps: dict[int, _Candidate | None] = {}  # saved-bytes cap -> its plan (None: infeasible)
         self.relaxed_plan: Plan | None = None  # the plan of the valid rows' relaxation
         self.exact_backend = backend  # solves the exact rows' MIPs (``exact_backend_for``)
+        self.tied_seconds = 0.0  # how long the step rows took with identical blocks tied (``with_mirrored_rows``)
 
     def _left(self) -> float:
         return self.deadline - time.perf_counter()
@@ -331,20 +331,20 @@ class _Search:
         self._rounds(rounds, self._left() / 2)  # the cap search and its rounds get the rest
         return bound
 
-    def with_mirrored_rows(self, fit_seconds: float) -> None:
-        """One plan of the conservative step rows with identical blocks tied (``mirrored``), in
-        half of what is left at most, where blocks repeat: on deep models its plans are the best,
-        and the other MIPs can use the whole limit without one (a 12-layer Llama: ~19 s for it,
-        model build included). A plan a little over the budget is made to fit at once, for up to
-        ``fit_seconds``: in a benchmark run the untied MIPs after it overran (model builds of 20 s)
-        and left no time for that at the end, so the Llama got per-block's plan."""
+    def with_mirrored_rows(self, time_limit: float) -> None:
+        """One plan of the conservative step rows with identical blocks tied (``mirrored``), in half
+        of what is left at most: on deep models its plans are the best (a 12-layer Llama: ~19 s).
+        Where that took ``SLOW_TIED_SHARE`` of the limit, a tied plan a little over the budget is
+        made to fit at once: the untied MIPs after it overran there and left no time at the end."""
         pairs = mirrored_pairs(self.problem)
         if not pairs:
             return
-        before = len(self.candidates)
+        before, began = len(self.candidates), time.perf_counter()
         self._rounds(1, self._left() / 2, pairs)
-        if any(c.memory.peak_bytes > self.budget for c in self.candidates[before:]):
-            self.fit_cheaper(self.budget, time.perf_counter() + fit_seconds)
+        self.tied_seconds = time.perf_counter() - began
+        if self.tied_seconds >= SLOW_TIED_SHARE * time_limit:  # the tied plans, and those that fit
+            among = [c for i, c in enumerate(self.candidates) if i >= before or c.memory.peak_bytes <= self.budget]
+            self.fit_cheaper(among, time.perf_counter() + FIT_SHARE * time_limit)
 
     def exact_rounds(self, plan: Plan, bound: float | None, seconds: float) -> float | None:
         """Tighten the relaxation where its plan peaks (``exact_rows``) while that helps.
@@ -422,8 +422,8 @@ class _Search:
         margin, cuts = 0, set()
         weights = weights_for(problem)
         for round_index in range(rounds):
-            if self._left() <= max(reserve, 0.1):
-                break
+            if self._left() <= max(reserve, 0.1) or (not pairs and self._left() - reserve < self.tied_seconds):
+                break  # untied, the same rows are no easier: with less time than tied took, no plan (12 layers)
             rows = PeakRows(problem, self.budget, rounding, margin, tuple(sorted(
                 cuts, key=lambda c: (c.step, c.storage, c.literals))), transients=True, kept_readers=True)
             outcome = solve_once(problem, None, rounding=rounding, weights=weights,
@@ -438,17 +438,18 @@ class _Search:
                          outcome.plan.kept_bytes, candidate.memory.peak_bytes, self.budget)
             if candidate.memory.peak_bytes <= self.budget:
                 break
-            step, alive, _ = _alive_at_peak(problem, outcome.plan, candidate.memory)
+            step, alive, _ = peak_step_alive(problem, outcome.plan, candidate.memory)
             new = set(cuts_at(problem, outcome.plan, step, alive)) - cuts if step is not None else set()
             if new:
                 cuts |= new
             else:  # nothing valid explains the excess: ask the rows for that much more room
                 margin += candidate.memory.peak_bytes - self.budget
 
-    def fit_cheaper(self, budget: int, deadline: float, repair_kept: bool = True) -> None:
-        """Cheaper plans that overshoot, made to fit (``solvers.overshoot``), become candidates."""
-        plans = [(c.plan, c.memory) for c in self.candidates]
-        self.candidates += [_Candidate(*found) for found in fit_cheaper(self.problem, plans, budget, deadline,
+    def fit_cheaper(self, among: list[_Candidate], deadline: float, repair_kept: bool = True) -> None:
+        """Plans of ``among`` that overshoot but are cheaper than its best that fits, made to fit
+        (``solvers.overshoot``), become candidates."""
+        plans = [(c.plan, c.memory) for c in among]
+        self.candidates += [_Candidate(*found) for found in fit_cheaper(self.problem, plans, self.budget, deadline,
                                                                          repair_kept)]
 
     def any_schedule_bound(self, deadline: float) -> float | None:
@@ -486,7 +487,7 @@ class _Search:
                 if result.status == "optimal" and peak_model.heuristic_rows == 0:
                     self.proven = candidate
                 return
-            step, alive, working = _alive_at_peak(self.problem, plan, memory)
+            step, alive, working = peak_step_alive(self.problem, plan, memory)
             if step is None:
                 tighten_saved(peak_model, plan)
                 continue
