@@ -307,7 +307,7 @@ def optimize(
     overshoot fit (giving up kept values, or refreshing recomputed ones), and when its answer has
     refreshed values, 10 s more at least to prove that plan's gap (``solvers.schedule_bound``);
     a round already started may finish late too. Measured with a 60 s limit: 15-93 s with capture
-    on 4-layer models, 82-120 s on 12-layer ones (``benchmarks/RESULTS.md``).
+    on 4-layer models, 81-129 s on 12-layer ones (``benchmarks/RESULTS.md``).
 
     ``offload=True`` lets the planner also send saved activations to host memory over the
     device's host link where the transfer hides behind compute (``device`` must have one, e.g.
