@@ -14,8 +14,8 @@ gets rows the simulator justifies, and every plan is checked on the simulator:
    the rows ask for the overshoot as margin, and the ILP runs again. Where a model repeats a
    block three times or more, one solve of these rows with identical blocks tied comes first,
    before step 2 (``mirrored``: an L times smaller MIP; on 12-layer models the best plans come
-   from it; a tied plan a little over the budget is made to fit in step 6: a second round with
-   cuts did not move the 12-layer Llama's).
+   from it; a tied plan a little over the budget is made to fit in step 6, or at once where the
+   tied solve was slow: a second round with cuts did not move the 12-layer Llama's).
 2. The older search over saved-bytes caps (secant, then a few rounds of rows at the offending
    step on the best cap that still overshoots) adds its plans. Its caps (one quick ILP each)
    run before the rest of step 1 until a quarter of the limit has passed, and it resumes after
@@ -107,7 +107,7 @@ class _Candidate:
 
 def _rank(candidate: _Candidate) -> tuple[float, int, int]:
     """Cheapest first; within ``PROVEN_GAP``, a plan without refreshed values first: the peak
-    rows' proof covers it (a refreshed twin at the optimum's cost cost Gemma its "optimal")."""
+    rows' proof covers it, while a refreshed one is measured against the looser any-schedule bound."""
     cost = candidate.plan.predicted_extra_seconds
     cost = cost if candidate.plan.refreshed else cost * (1 - PROVEN_GAP)
     return cost, candidate.memory.peak_bytes, candidate.plan.kept_bytes
