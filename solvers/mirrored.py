@@ -11,8 +11,9 @@ makes the MIP about L times smaller after presolve: each tied pair of variables 
 Every copy is tied to the first of its class except the *last* one (in forward order). Deep
 models peak at the last block's backward, where every earlier block's kept tensors are alive,
 but the last block's own activations are alive then either way (kept, or recomputed just
-before): its best choice differs from the others', so it stays free. Measured at per-block
-checkpointing's peak, 12 layers, hidden 768 (FLOP-priced, x per-block's recompute): HF GPT-2
+before): its best choice differs from the others', so it stays free. Measured at torch
+checkpointing's measured peak, 12 layers, hidden 768 (FLOP-priced, x per-block's recompute; how,
+in ``benchmarks/RESULTS.md``, "Issue 13 at depth"): HF GPT-2
 0.830 and BERT 0.627, each a plan that fits from the first tied solve in 6-7 s; HF Llama 0.831 at
 58 KB over the budget in 14 s (refreshing one value then makes it fit: ``overshoot``), where the
 planner without it reached 0.93. Tying the last block too, or leaving the last two free,
