@@ -21,13 +21,24 @@ overshot by about 10 MB there.
 
 A restriction, not a relaxation: a tied plan is a valid plan of the whole problem (read back
 through ``closure_from_keep_set``), but the tied MIP's bound proves nothing about the untied one.
+
+Tied, most of the rows say the same thing again. During the backward of tied copy ``k`` the
+storages alive are the copy's own (alike in every tied copy) and what the earlier copies keep
+for their own backward; the tied copy that runs its backward first (the last tied one in forward
+order, the *representative*) has the most of those alive, so its rows imply the other copies'
+at the same position. ``shadowed_steps`` names the other copies' backward steps, and the tied
+solve leaves their rows out (``PeakRows.skipped_steps``): the model shrinks from L copies' rows
+to about three (the representative, the free last block, what is outside blocks). Where the
+copies differ in a way the rows see (a working set, a value read across blocks), the plan may
+overshoot; every plan is simulated, and the planner makes it fit or drops it as before.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from .fast.blocks import decompose
+from .fast.blocks import Group, decompose
+from .memory import backward_steps_of
 from ._mip import MipResult
 from ._model import Model
 from .peak_rows import PeakRows
@@ -43,26 +54,56 @@ def mirrored_pairs(problem: Problem) -> tuple[tuple[int, int], ...]:
     Per class of at least ``MIN_BLOCKS`` identical blocks, every block but the last is tied to the
     first, position by position. Empty when the problem has no such class.
     """
-    split = decompose(problem)
     pairs = []
-    for members in split.classes:
-        groups = [split.groups[g] for g in members]
-        if len(groups) < MIN_BLOCKS or not groups[0].is_block:
-            continue
+    for groups in _tied_classes(problem)[1]:
         first, *others = groups[:-1]
         pairs += [(a, b) for group in others for a, b in zip(first.members, group.members)]
     return tuple(pairs)
 
 
+def shadowed_steps(problem: Problem) -> frozenset[int]:
+    """Backward steps of tied copies other than each class's representative (the last tied copy).
+
+    A step belongs to the block of the latest (in forward order) value it reads: backward of
+    copy ``k`` reads copy ``k``'s values and copy ``k - 1``'s output. A step that reads no
+    block's value belongs where the step before it does.
+    """
+    group_of, tied = _tied_classes(problem)
+    shadowed = {group_of[g.first] for groups in tied for g in groups[:-2]}
+    if not shadowed:
+        return frozenset()
+    found, owner = set(), None
+    for t, step in enumerate(backward_steps_of(problem)):
+        owners = [group_of[v] for v in step.reads if v in group_of]
+        owner = max(owners) if owners else owner
+        if owner in shadowed:
+            found.add(t)
+    return frozenset(found)
+
+
+def _tied_classes(problem: Problem) -> tuple[dict[int, int], list[list[Group]]]:
+    """Value -> group index, and per class of at least ``MIN_BLOCKS`` identical blocks its
+    copies in forward order (every copy but the last is tied)."""
+    split = decompose(problem)
+    tied = []
+    for members in split.classes:
+        groups = [split.groups[g] for g in members]
+        if len(groups) >= MIN_BLOCKS and groups[0].is_block:
+            tied.append(groups)
+    return dict(split.group_of), tied
+
+
 @dataclass(frozen=True)
 class MirroredRows:
-    """A ``ModelExtension``: ``rows`` plus, for each pair, ``b`` kept (recomputed) iff ``a`` is."""
+    """A ``ModelExtension``: ``rows`` plus, for each pair, ``b`` kept (recomputed) iff ``a`` is;
+    ``shadowed``: backward steps whose rows are left out (``shadowed_steps``)."""
 
     rows: PeakRows
     pairs: tuple[tuple[int, int], ...]
+    shadowed: frozenset[int] = frozenset()
 
     def add(self, model: Model) -> None:
-        self.rows.add(model)
+        replace(self.rows, skipped_steps=self.rows.skipped_steps | self.shadowed).add(model)
         lp = model.lp
         for index, (a, b) in enumerate(self.pairs):
             for kind, variables in (("k", model.keep), ("r", model.recompute)):
@@ -73,4 +114,4 @@ class MirroredRows:
         return self.rows.plan_from(problem, model, result, **fields)
 
 
-__all__ = ["MIN_BLOCKS", "MirroredRows", "mirrored_pairs"]
+__all__ = ["MIN_BLOCKS", "MirroredRows", "mirrored_pairs", "shadowed_steps"]

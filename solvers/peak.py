@@ -13,9 +13,11 @@ gets rows the simulator justifies, and every plan is checked on the simulator:
    rows missed (a chain recomputed early and held, a kept value a later recompute reads), else
    the rows ask for the overshoot as margin, and the ILP runs again. Where a model repeats a
    block three times or more, one solve of these rows with identical blocks tied comes first,
-   before step 2 (``mirrored``: an L times smaller MIP; on 12-layer models the best plans come
-   from it; a tied plan a little over the budget is made to fit in step 6, or at once where the
-   tied solve was slow: a second round with cuts did not move the 12-layer Llama's).
+   before step 2 (``mirrored``: the rows of about three blocks, not L; on 12-layer models the
+   best plans come from it; a tied plan a little over the budget is made to fit in step 6, or
+   at once where the untied rows are out of reach: a second round with cuts did not move the
+   12-layer Llama's). Untied rows that the tied solve's time, scaled, says will not finish in
+   time are skipped (``untied_seconds``): at 48 layers neither the relaxation nor the rows do.
 2. The older search over saved-bytes caps (secant, then a few rounds of rows at the offending
    step on the best cap that still overshoots) adds its plans. Its caps (one quick ILP each)
    run before the rest of step 1 until a quarter of the limit has passed, and it resumes after
@@ -57,11 +59,11 @@ from .errors import BudgetInfeasibleError, SolverError
 from .exact_rows import ExactRowPlaces, exact_backend_for
 from .local_search import improve
 from .memory import PlanMemory, peak_step_alive, simulate_plan
-from .mirrored import MirroredRows, mirrored_pairs
+from .mirrored import MirroredRows, mirrored_pairs, shadowed_steps
 from .overshoot import fit_cheaper
 from .peak_rows import PeakRows, cuts_at
 from .saved_cap_rows import CapPeakModel, pinned_bytes, row_holds, tighten_saved
-from .schedule_bound import any_schedule_bound
+from .schedule_bound import bound_for_refreshed
 from .problem import Plan, Problem
 from .registry import Decision, planner
 from .status import DEFAULT_TIME_LIMIT, BudgetKind, Status, relative_gap
@@ -76,8 +78,6 @@ PROBE_FRACTIONS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7)
 PROBE_TIME_LIMIT = 30.0
 # Making cheaper plans that overshoot fit (``overshoot``) may run this share of the limit past it.
 FIT_SHARE = 0.2
-# A tied step-rows solve (``mirrored``) this slow marks a deep model: its plan is made to fit at once.
-SLOW_TIED_SHARE = 0.1
 # Share of the time limit the saved-bytes-cap search may use before the peak rows (with the ILP).
 CAP_SHARE = 0.25
 # Share of the time limit for the local search from the best plan that fits (``local_search``).
@@ -93,8 +93,6 @@ EXACT_ROUND_MIN = 0.5  # no round starts with less time than this left
 # relaxation's plan runs out of other places to peak: HF BERT's second round did not).
 EXACT_PROGRESS = 0.01
 EXACT_PATIENCE = 3
-# A refreshed plan's bound (``schedule_bound``) gets at least this long, past the time limit if need be.
-SCHEDULE_BOUND_SECONDS = 10.0
 # A plan this close (relative) to the proven lower bound is called optimal.
 PROVEN_GAP = 1e-6
 
@@ -188,7 +186,8 @@ def solve_peak(
             raise BudgetInfeasibleError(budget_bytes, lowest, keep_all_memory.peak_bytes, kind="peak")
     best = min(fitting, key=_rank)
     if best.plan.refreshed:  # the rows' bound holds each recomputed value across its reads: not for this plan
-        bound = search.any_schedule_bound(began + time_limit * (1 + FIT_SHARE))
+        bound = bound_for_refreshed(problem, budget_bytes, backend=search.exact_backend,
+                                    deadline=began + time_limit * (1 + FIT_SHARE), threads=threads)
     gap = relative_gap(best.plan.predicted_extra_seconds, bound)
     if gap is not None and gap <= PROVEN_GAP:
         return _finish(best.plan, best.memory, Status.OPTIMAL, 0.0)
@@ -204,15 +203,14 @@ class _Search:
         self.cap_solver = cap_solver
         self.candidates: list[_Candidate] = []
         self.overshooting_cap: int | None = None
-        self.proven: _Candidate | None = None
         self.floor = 0  # no cap below the smallest feasible saved bytes makes sense
-        self.proven_infeasible = False  # the relaxation of the peak rows has no solution
         self.host_budget_bytes: int | None = None  # for cap_solver "ilp_offload"
         self.cap_seconds: float | None = None  # at most this long per cap solve (None: all that is left)
         self.tried_caps: dict[int, _Candidate | None] = {}  # saved-bytes cap -> its plan (None: infeasible)
         self.relaxed_plan: Plan | None = None  # the plan of the valid rows' relaxation
         self.exact_backend = backend  # solves the exact rows' MIPs (``exact_backend_for``)
         self.tied_seconds = 0.0  # how long the step rows took with identical blocks tied (``with_mirrored_rows``)
+        self.untied_scale = 1.0  # backward steps with rows untied, per step with rows tied (``shadowed_steps``)
 
     def _left(self) -> float:
         return self.deadline - time.perf_counter()
@@ -317,13 +315,15 @@ class _Search:
         overshoots. Every plan becomes a candidate. None when no bound was proven.
         """
         problem, rounding = self.problem, rounding_for(self.problem)
+        if self._left() < self.untied_seconds():
+            logger.debug("ilp_peak: no untied step rows: about %.0f s, %.0f s left", self.untied_seconds(), self._left())
+            return None
         seconds, unit = time_weights(problem)
         relaxed = rounding.optimistic()
         outcome = solve_once(problem, None, rounding=relaxed, weights=seconds, time_limit=max(self._left() / 3, 0.1),
                              backend=self.backend, threads=self.threads,
                              extension=PeakRows(problem, self.budget, relaxed), isolate=True)
         if outcome.status == "infeasible":
-            self.proven_infeasible = True
             return None
         bound = outcome.bound * unit if outcome.bound is not None else None
         if outcome.plan is not None:
@@ -332,17 +332,21 @@ class _Search:
         return bound
 
     def with_mirrored_rows(self, time_limit: float) -> None:
-        """One plan of the conservative step rows with identical blocks tied (``mirrored``), in half
-        of what is left at most: on deep models its plans are the best (a 12-layer Llama: ~19 s).
-        Where that took ``SLOW_TIED_SHARE`` of the limit, a tied plan a little over the budget is
-        made to fit at once: the untied MIPs after it overran there and left no time at the end."""
+        """One plan of the conservative step rows with identical blocks tied (``mirrored``), the
+        shadowed copies' rows left out, in half of what is left at most: on deep models its plans
+        are the best (12-layer models: 2-5 s; a 48-layer GPT: 11 s, where the untied rows find none).
+        Where the untied conservative rows will not get the time they need (deep models), a tied
+        plan a little over the budget is made to fit at once, not in the last window."""
         pairs = mirrored_pairs(self.problem)
         if not pairs:
             return
         before, began = len(self.candidates), time.perf_counter()
-        self._rounds(1, self._left() / 2, pairs)
+        shadowed = shadowed_steps(self.problem)
+        self._rounds(1, self._left() / 2, pairs, shadowed)
         self.tied_seconds = time.perf_counter() - began
-        if self.tied_seconds >= SLOW_TIED_SHARE * time_limit:  # the tied plans, and those that fit
+        steps = len(self.problem.backward_steps)
+        self.untied_scale = steps / max(steps - len(shadowed), 1)
+        if self.untied_seconds(2) >= self._left() / 2:  # the tied plans, and those that fit
             among = [c for i, c in enumerate(self.candidates) if i >= before or c.memory.peak_bytes <= self.budget]
             self.fit_cheaper(among, time.perf_counter() + FIT_SHARE * time_limit)
 
@@ -415,20 +419,28 @@ class _Search:
         return min((c.plan.predicted_extra_seconds for c in self.candidates if c.memory.peak_bytes <= self.budget),
                    default=None)
 
-    def _rounds(self, rounds: int, reserve: float, pairs: tuple[tuple[int, int], ...] = ()) -> None:
+    def untied_seconds(self, power: int = 1) -> float:
+        """About how long untied step rows take (build and solve), from the tied solve's: the model is
+        ``untied_scale`` times larger (``power`` 1: the relaxation; a 48-layer GPT, 11 s tied, 50 s), and
+        the conservative rows solve that much slower again (2: a 12-layer GPT-2, 2.4 s tied, no plan in 24 s)."""
+        return self.tied_seconds * self.untied_scale ** power
+
+    def _rounds(self, rounds: int, reserve: float, pairs: tuple[tuple[int, int], ...] = (),
+                shadowed: frozenset[int] = frozenset()) -> None:
         """ILP plans under the conservative peak rows, tightened by cuts or a margin while they
-        overshoot; with ``pairs``, identical blocks make the same choices (``mirrored``)."""
+        overshoot; with ``pairs``, identical blocks make the same choices (``mirrored``) and the
+        rows of the ``shadowed`` steps are left out."""
         problem, rounding = self.problem, rounding_for(self.problem)
         margin, cuts = 0, set()
         weights = weights_for(problem)
         for round_index in range(rounds):
-            if self._left() <= max(reserve, 0.1) or (not pairs and self._left() - reserve < self.tied_seconds):
-                break  # untied, the same rows are no easier: with less time than tied took, no plan (12 layers)
+            if self._left() <= max(reserve, 0.1) or (not pairs and self._left() - reserve < self.untied_seconds(2)):
+                break  # with less time than the untied rows take, no plan (12 layers)
             rows = PeakRows(problem, self.budget, rounding, margin, tuple(sorted(
                 cuts, key=lambda c: (c.step, c.storage, c.literals))), transients=True, kept_readers=True)
             outcome = solve_once(problem, None, rounding=rounding, weights=weights,
                                  time_limit=max(self._left() - reserve, 0.1), backend=self.backend, threads=self.threads,
-                                 extension=MirroredRows(rows, pairs) if pairs else rows, isolate=True)
+                                 extension=MirroredRows(rows, pairs, shadowed) if pairs else rows, isolate=True)
             if outcome.plan is None:
                 logger.debug("ilp_peak: step rows: %s, no plan", outcome.status)
                 break
@@ -452,18 +464,6 @@ class _Search:
         self.candidates += [_Candidate(*found) for found in fit_cheaper(self.problem, plans, self.budget, deadline,
                                                                          repair_kept)]
 
-    def any_schedule_bound(self, deadline: float) -> float | None:
-        """The bound of ``schedule_bound`` (any schedule, multiple recomputation included), for a
-        refreshed plan: solved by the exact rows' backend, until ``deadline`` or for
-        ``SCHEDULE_BOUND_SECONDS``, whichever is longer."""
-        seconds = max(deadline - time.perf_counter(), SCHEDULE_BOUND_SECONDS)
-        found = any_schedule_bound(self.problem, self.budget, backend=self.exact_backend, time_limit=seconds,
-                                   threads=self.threads)
-        if found.seconds is not None and found.seconds == float("inf"):  # a plan fits: the relaxation cannot fail
-            logger.warning("ilp_peak: the any-schedule relaxation has no solution although a plan fits; no bound")
-            return None
-        return found.seconds
-
     def _add(self, plan: Plan) -> _Candidate:
         candidate = _Candidate(plan, simulate_plan(self.problem, plan))
         self.candidates.append(candidate)
@@ -484,8 +484,6 @@ class _Search:
             memory = candidate.memory
             logger.debug("ilp_peak: row round %d: kept %d, peak %d", round_index, plan.kept_bytes, memory.peak_bytes)
             if memory.peak_bytes <= self.budget:
-                if result.status == "optimal" and peak_model.heuristic_rows == 0:
-                    self.proven = candidate
                 return
             step, alive, working = peak_step_alive(self.problem, plan, memory)
             if step is None:

@@ -86,6 +86,9 @@ class PeakRows:
     # Count a kept storage alive until the last recomputation that may read it, not only its
     # last direct read (not valid: no bound; see ``kept_until``).
     kept_readers: bool = False
+    # Backward steps whose rows are left out (not valid: no bound): the tied copies' steps, which
+    # the representative copy's rows imply once identical blocks are tied (``mirrored``).
+    skipped_steps: frozenset[int] = frozenset()
 
     def add(self, model: Model) -> None:
         problem, values, lp = self.problem, self.problem.values, model.lp
@@ -103,7 +106,8 @@ class PeakRows:
                 by_storage.setdefault(storage, [])
         steps = backward_steps_of(problem)
         rows = [(f"i{index}", interval.start, interval.working) for index, interval in
-                enumerate(_intervals(problem, first, last))]
+                enumerate(_intervals(problem, first, last))
+                if not all(t in self.skipped_steps for t in range(interval.start, interval.end))]
         rows += [(f"c{t}", t, steps[t].working_bytes) for t in sorted({cut.step for cut in self.cuts})]
         for name, t, working in rows:
             terms = []

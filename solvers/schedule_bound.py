@@ -28,6 +28,7 @@ loosens it. Kernel scratch and the moments between steps are left out, which loo
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 import pulp
@@ -45,6 +46,8 @@ logger = logging.getLogger(__name__)
 # 0.42 of per-block checkpointing's recompute at its peak, all 349 steps 0.44, the planner's
 # optimum (one recomputation per value) being 0.71.
 DEFAULT_STEPS = 48
+# A refreshed plan's bound (``bound_for_refreshed``) gets at least this long, past the time limit if need be.
+REFRESHED_BOUND_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -188,3 +191,17 @@ def any_schedule_bound(problem: Problem, budget_bytes: int, *, backend: str, tim
     logger.debug("any-schedule bound: %s s (%s, %d steps, %.1f s)", seconds, result.status, len(chosen),
                  result.seconds)
     return ScheduleBound(seconds, len(chosen), result.status, result.seconds)
+
+
+def bound_for_refreshed(problem: Problem, budget_bytes: int, *, backend: str, deadline: float,
+                        threads: int | None = None) -> float | None:
+    """The bound for a peak planner's answer with refreshed values (outside its rows' model):
+    ``any_schedule_bound`` until ``deadline`` or for ``REFRESHED_BOUND_SECONDS``, whichever is
+    longer; None when nothing was proven (an infinite bound, which a plan that fits contradicts,
+    is logged and dropped)."""
+    seconds = max(deadline - time.perf_counter(), REFRESHED_BOUND_SECONDS)
+    found = any_schedule_bound(problem, budget_bytes, backend=backend, time_limit=seconds, threads=threads)
+    if found.seconds is not None and found.seconds == float("inf"):
+        logger.warning("ilp_peak: the any-schedule relaxation has no solution although a plan fits; no bound")
+        return None
+    return found.seconds

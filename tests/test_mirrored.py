@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from remat_pass.solvers import baselines
-from remat_pass.solvers._model import rounding_for, weights_for
+from remat_pass.solvers._model import build, rounding_for, weights_for
 from remat_pass.solvers._run import solve_once
 from remat_pass.solvers.fast.blocks import decompose
-from remat_pass.solvers.memory import simulate_plan
-from remat_pass.solvers.mirrored import MIN_BLOCKS, MirroredRows, mirrored_pairs
+from remat_pass.solvers.memory import backward_steps_of, simulate_plan
+from remat_pass.solvers.mirrored import MIN_BLOCKS, MirroredRows, mirrored_pairs, shadowed_steps
 from remat_pass.solvers.peak_rows import PeakRows
 from remat_pass.solvers.problem import Plan
 
@@ -37,6 +37,60 @@ def test_every_block_but_the_last_takes_the_first_ones_choices_position_by_posit
 def test_fewer_identical_blocks_than_the_minimum_are_not_tied():
     assert mirrored_pairs(random_problem(1, blocks=MIN_BLOCKS - 1)) == ()
     assert mirrored_pairs(random_problem(1, blocks=0)) == ()
+    assert shadowed_steps(random_problem(1, blocks=MIN_BLOCKS - 1)) == frozenset()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_shadowed_steps_are_the_backward_of_the_tied_copies_before_the_representative(seed):
+    """Per class of tied copies, all but the last two are shadowed (the one before the last is the
+    representative, the last is free): a step reading only their values is shadowed, a step
+    reading a value of any later group is not."""
+    problem = random_problem(seed, blocks=5)
+    split = decompose(problem)
+    shadowed_groups = {g for members in split.classes if len(members) >= MIN_BLOCKS and split.groups[members[0]].is_block
+                       for g in members[:-2]}
+    assert shadowed_groups
+    shadowed = shadowed_steps(problem)
+    assert shadowed
+    for t, step in enumerate(backward_steps_of(problem)):
+        groups = {split.group_of[v] for v in step.reads if v in split.group_of}
+        if groups and groups <= shadowed_groups:
+            assert t in shadowed
+        if any(g > max(shadowed_groups) for g in groups):
+            assert t not in shadowed
+
+
+def test_the_rows_of_skipped_steps_are_left_out():
+    problem = random_problem(1, blocks=5)
+    rounding, weights = rounding_for(problem), weights_for(problem)
+
+    def step_rows(skipped: frozenset[int]) -> set[str]:
+        model = build(problem, rounding, None, weights)
+        PeakRows(problem, 10**9, rounding, skipped_steps=skipped).add(model)
+        return {name for name in model.lp.constraints if name.startswith("peaki")}
+
+    every = step_rows(frozenset())
+    assert step_rows(frozenset(range(len(backward_steps_of(problem))))) == set()
+    assert 0 < len(step_rows(shadowed_steps(problem))) < len(every)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 4, 5])
+def test_leaving_out_the_shadowed_rows_keeps_the_tied_optimum(seed):
+    """Tied, the representative copy's rows imply the shadowed copies' (they have fewer earlier
+    copies' kept values alive): the smaller model has the same optimum. (On these random chains
+    the binding rows are the free last block's or the forward's end; on the 12-layer models of
+    ``benchmarks/RESULTS.md`` the objective was equal too, to the last digit.)"""
+    problem = random_problem(seed, blocks=5)
+    pairs, shadowed = mirrored_pairs(problem), shadowed_steps(problem)
+    per_block = baselines.per_block(problem)
+    budget = simulate_plan(problem, Plan(problem, per_block.kept, per_block.recomputed, "per_block")).peak_bytes
+    rounding, weights = rounding_for(problem), weights_for(problem)
+    rows = PeakRows(problem, budget, rounding, transients=True, kept_readers=True)
+    solved = [solve_once(problem, None, rounding=rounding, weights=weights, time_limit=20, backend="highs",
+                         extension=MirroredRows(rows, pairs, frozen)) for frozen in (frozenset(), shadowed)]
+    assert all(outcome.status == "optimal" for outcome in solved)
+    full, pruned = (weights.evaluate(outcome.plan) for outcome in solved)
+    assert pruned == pytest.approx(full, rel=1e-9)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 4, 5])
