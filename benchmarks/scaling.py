@@ -4,6 +4,7 @@ Run from the repository root::
 
     python -m benchmarks.scaling --layers 12,24,48,96 --budgets 0.1,0.3,0.5 --ilp-time-limit 600
     python -m benchmarks.scaling --llama70b
+    python -m benchmarks.scaling --peak --layers 12,24,48
     python -m benchmarks.scaling --help
 
 Depth sweep: GPT-style decoders (``remat_pass.examples.GPT``: hidden 768, 12 heads, sequence 1024,
@@ -13,10 +14,13 @@ Capture, annotate and each solve are timed separately. ``--llama70b``: a Hugging
 ``LlamaForCausalLM`` with Llama-2-70B's shapes (80 layers, hidden 8192, 64 heads, 8 KV heads,
 intermediate 28672, vocab 32000, sequence 4096, batch 1, bf16) on the meta device, planned whole;
 wall time and peak RSS, the per-layer decisions, what the un-rematerialized step keeps per layer
-next to Korthikanti et al. 2022's formula, and the memory/recompute trade-off curve.
+next to Korthikanti et al. 2022's formula, and the memory/recompute trade-off curve. ``--peak``:
+the same GPTs under a *peak* budget, per-block checkpointing's simulated peak, planned by the peak
+planner (``ilp_peak``) in its default time limit: planning time, recompute against per-block's,
+status and gap, as depth grows.
 
 Results go to ``--out`` (default ``benchmarks/out/scaling``): ``scaling.json`` and ``scaling.md``,
-``llama70b.json`` and ``llama70b.md``.
+``llama70b.json`` and ``llama70b.md``, ``peak.json`` and ``peak.md``.
 """
 
 from __future__ import annotations
@@ -123,6 +127,46 @@ def run_scaling(args: argparse.Namespace) -> list[dict[str, Any]]:
                   f"ilp {exact.get('seconds', float('nan')):.2f}s {exact.get('status')}; "
                   f"fast vs ilp {row.get('fast_vs_ilp')}", flush=True)
     return rows
+
+
+def run_peak(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The peak planner at per-block checkpointing's simulated peak, per depth."""
+    rows = []
+    for layers in args.layers:
+        problem, capture_s, annotate_s, _ = gpt_problem(args, layers)
+        per_block = solvers.solve(problem, None, solver="per_block")
+        budget = solvers.simulate_plan(problem, per_block).peak_bytes
+        began = time.perf_counter()
+        plan = solvers.solve(problem, budget, solver="ilp_peak", time_limit=args.peak_time_limit)
+        row = {"layers": layers, "values": len(problem.values), "backward_steps": len(problem.backward_steps),
+               "budget_bytes": budget, "capture_s": capture_s, "annotate_s": annotate_s,
+               "plan_s": time.perf_counter() - began, "time_limit": args.peak_time_limit, "status": plan.status,
+               "gap": plan.gap, "source": plan.solver, "predicted_peak_bytes": plan.predicted_peak_bytes,
+               "refreshed": len(plan.refreshed), "recompute_over_per_block": _ratio(plan.recompute_seconds,
+                                                                                   per_block.recompute_seconds),
+               "flops_over_per_block": _ratio(plan.recompute_flops, per_block.recompute_flops)}
+        rows.append(row)
+        print(f"L={layers}: {row['recompute_over_per_block']:.3f} x per_block ({plan.status}, gap {plan.gap}) "
+              f"in {row['plan_s']:.1f}s, peak {plan.predicted_peak_bytes} <= {budget}", flush=True)
+    return rows
+
+
+def _ratio(part: float, whole: float) -> float | None:
+    return part / whole if whole else None
+
+
+def peak_markdown(rows: list[dict[str, Any]], command: str) -> str:
+    lines = [f"`{command}`", "",
+             "| layers | values | backward steps | budget (per-block's peak) | capture s | plan s (limit) | recompute "
+             "× per-block | FLOPs × per-block | status (gap) | refreshed | predicted peak ≤ budget |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|"]
+    for r in rows:
+        gap = "" if r["gap"] is None else f", {r['gap']:.1%}"
+        lines.append(f"| {r['layers']} | {r['values']} | {r['backward_steps']} | {format_bytes(r['budget_bytes'])} "
+                     f"| {r['capture_s']:.1f} | {r['plan_s']:.1f} ({r['time_limit']:g}) "
+                     f"| {r['recompute_over_per_block']:.3f} | {r['flops_over_per_block']:.3f} | {r['status']}{gap} "
+                     f"| {r['refreshed']} | {'yes' if r['predicted_peak_bytes'] <= r['budget_bytes'] else 'NO'} |")
+    return "\n".join(lines) + "\n"
 
 
 def scaling_markdown(rows: list[dict[str, Any]], command: str) -> str:
@@ -323,6 +367,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--llama-layers", type=int, default=80)
     p.add_argument("--llama-seq", type=int, default=4096)
     p.add_argument("--llama-budget", type=float, default=0.2, help="fraction of keep-all (default 0.2: a 5x cut)")
+    p.add_argument("--peak", action="store_true",
+                   help="the peak planner at per-block checkpointing's simulated peak, per depth, instead of the sweep")
+    p.add_argument("--peak-time-limit", type=float, default=60.0)
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return p
 
@@ -338,6 +385,12 @@ def main(argv: list[str] | None = None) -> None:
         (args.out / "llama70b.json").write_text(json.dumps({**meta, **result}, indent=2))
         (args.out / "llama70b.md").write_text(llama_markdown(result, command))
         print(f"wrote {args.out / 'llama70b.md'}")
+        return
+    if args.peak:
+        rows = run_peak(args)
+        (args.out / "peak.json").write_text(json.dumps({**meta, "rows": rows}, indent=2))
+        (args.out / "peak.md").write_text(peak_markdown(rows, command))
+        print(peak_markdown(rows, command))
         return
     rows = run_scaling(args)
     (args.out / "scaling.json").write_text(json.dumps({**meta, "rows": rows}, indent=2))
