@@ -306,8 +306,9 @@ def optimize(
     Under a peak budget the peak planner may go up to a fifth past it to make cheaper plans that
     overshoot fit (giving up kept values, or refreshing recomputed ones), and when its answer has
     refreshed values, 10 s more at least to prove that plan's gap (``solvers.schedule_bound``);
-    a round already started may finish late too. Measured with a 60 s limit: 15-93 s with capture
-    on 4-layer models, 81-129 s on 12-layer ones (``benchmarks/RESULTS.md``).
+    a round already started may finish late too. Measured with a 60 s limit: 6-96 s with capture
+    on 4-layer models, 81-122 s on 12-layer ones (``benchmarks/RESULTS.md``), 71 s without capture
+    on a 48-layer GPT (``benchmarks/SCALING.md``, "Peak budgets at depth").
 
     ``offload=True`` lets the planner also send saved activations to host memory over the
     device's host link where the transfer hides behind compute (``device`` must have one, e.g.
