@@ -23,8 +23,11 @@ def test_solver_loggers_live_under_remat_pass():
 def test_every_package_folder_is_declared_so_a_wheel_ships_it():
     """``pip install -e .`` maps folders, so it works with a package missing from pyproject's list;
     a wheel (``pip install .``, PyPI) ships only what is listed: remat_pass.solvers.fast was not."""
-    import tomllib
     from pathlib import Path
+
+    import pytest
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
     root = Path(__file__).resolve().parent.parent
     setuptools = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
