@@ -31,8 +31,8 @@ solve leaves their rows out (``PeakRows.skipped_steps``): the model shrinks from
 to about three (the representative, the free last block, what is outside blocks). Where the
 copies differ in a way the rows see (a working set, a value read across blocks), the plan may
 overshoot; every plan is simulated, and the planner makes it fit or drops it as before.
-Measured on the same three 12-layer steps and budgets (throwaway solves of the tied model with
-and without the shadowed rows): the same objective to the last digit, in 2.4 / 4.8 / 2.8 s
+Measured on the same three 12-layer steps and budgets (one solve of the tied model with and
+without the shadowed rows each: ``benchmarks/RESULTS.md``, "Round 11", with the code): the same objective to the last digit, in 2.4 / 4.8 / 2.8 s
 instead of 7.4 / 12.6 / 6.7 s, build included (the 6-14 s above are without it); on the
 scaling benchmark's 48-layer GPT a tied plan in 11 s, where the full tied model had none after
 166 s (``benchmarks/SCALING.md``, "Peak budgets at depth").

@@ -209,8 +209,8 @@ class _Search:
         self.tried_caps: dict[int, _Candidate | None] = {}  # saved-bytes cap -> its plan (None: infeasible)
         self.relaxed_plan: Plan | None = None  # the plan of the valid rows' relaxation
         self.exact_backend = backend  # solves the exact rows' MIPs (``exact_backend_for``)
-        self.tied_seconds = 0.0  # how long the step rows took with identical blocks tied (``with_mirrored_rows``)
-        self.untied_scale = 1.0  # backward steps with rows untied, per step with rows tied (``shadowed_steps``)
+        # About how long the untied conservative step rows take, build and solve (``with_mirrored_rows``).
+        self.untied_seconds = 0.0
 
     def _left(self) -> float:
         return self.deadline - time.perf_counter()
@@ -340,10 +340,12 @@ class _Search:
         before, began = len(self.candidates), time.perf_counter()
         shadowed = shadowed_steps(self.problem)
         self._rounds(1, self._left() / 2, pairs, shadowed)
-        self.tied_seconds = time.perf_counter() - began
+        # The tied solve's time times the square of the rows it left out: a larger MIP that is also harder
+        # (a 12-layer GPT-2: 2.4 s tied, no plan in 24 s untied). The relaxation is not gated: its bound is
+        # worth its time up to 24 layers (9 s there); at 48 (50 s) only its build runs past its share.
         steps = len(self.problem.backward_steps)
-        self.untied_scale = steps / max(steps - len(shadowed), 1)
-        if self.untied_seconds() >= self._left() / 2:  # the tied plans, and those that fit
+        self.untied_seconds = (time.perf_counter() - began) * (steps / max(steps - len(shadowed), 1)) ** 2
+        if self.untied_seconds >= self._left() / 2:  # the tied plans, and those that fit
             among = [c for i, c in enumerate(self.candidates) if i >= before or c.memory.peak_bytes <= self.budget]
             self.fit_cheaper(among, time.perf_counter() + FIT_SHARE * time_limit)
 
@@ -416,13 +418,6 @@ class _Search:
         return min((c.plan.predicted_extra_seconds for c in self.candidates if c.memory.peak_bytes <= self.budget),
                    default=None)
 
-    def untied_seconds(self) -> float:
-        """About how long the untied conservative rows take (build and solve): the tied solve's time times
-        the square of ``untied_scale`` (a larger MIP that is also harder: a 12-layer GPT-2, 2.4 s tied, no
-        plan in 24 s untied). The relaxation is not gated: its bound is worth its time up to 24 layers
-        (9 s there), and at 48 (50 s) the build is the only cost past its third of the time left."""
-        return self.tied_seconds * self.untied_scale ** 2
-
     def _rounds(self, rounds: int, reserve: float, pairs: tuple[tuple[int, int], ...] = (),
                 shadowed: frozenset[int] = frozenset()) -> None:
         """ILP plans under the conservative peak rows, tightened by cuts or a margin while they
@@ -432,7 +427,7 @@ class _Search:
         margin, cuts = 0, set()
         weights = weights_for(problem)
         for round_index in range(rounds):
-            if self._left() <= max(reserve, 0.1) or (not pairs and self._left() - reserve < self.untied_seconds()):
+            if self._left() <= max(reserve, 0.1) or (not pairs and self._left() - reserve < self.untied_seconds):
                 break  # with less time than the untied rows take, no plan (12 layers)
             rows = PeakRows(problem, self.budget, rounding, margin, tuple(sorted(
                 cuts, key=lambda c: (c.step, c.storage, c.literals))), transients=True, kept_readers=True)

@@ -74,22 +74,29 @@ def test_the_rows_of_skipped_steps_are_left_out():
     assert 0 < len(step_rows(shadowed_steps(problem))) < len(every)
 
 
-@pytest.mark.parametrize("seed", [1, 2, 4, 5])
-def test_leaving_out_the_shadowed_rows_keeps_the_tied_optimum(seed):
+# (seed, budget as a fraction of the way from per-block's peak to keep-all's): cases where the step
+# rows bind (leaving all of them out lowers the optimum); on the first two, leaving out the
+# representative's rows as well changes the optimum too, so a wrong ``shadowed_steps`` fails here.
+BINDING_CASES = [(10, 0.25), (10, 0.5), (3, 0.0), (8, 0.0)]
+
+
+@pytest.mark.parametrize("seed, fraction", BINDING_CASES)
+def test_leaving_out_the_shadowed_rows_keeps_the_tied_optimum(seed, fraction):
     """Tied, the representative copy's rows imply the shadowed copies' (they have fewer earlier
-    copies' kept values alive): the smaller model has the same optimum. (On these random chains
-    the binding rows are the free last block's or the forward's end; on the 12-layer models of
-    ``benchmarks/RESULTS.md`` the objective was equal too, to the last digit.)"""
-    problem = random_problem(seed, blocks=5)
+    copies' kept values alive): the smaller model has the same optimum."""
+    problem = random_problem(seed, blocks=5, size=14)
     pairs, shadowed = mirrored_pairs(problem), shadowed_steps(problem)
-    per_block = baselines.per_block(problem)
-    budget = simulate_plan(problem, Plan(problem, per_block.kept, per_block.recomputed, "per_block")).peak_bytes
+    per_block, keep_all = baselines.per_block(problem), baselines.keep_all(problem)
+    low = simulate_plan(problem, Plan(problem, per_block.kept, per_block.recomputed, "per_block")).peak_bytes
+    high = simulate_plan(problem, Plan(problem, keep_all.kept, keep_all.recomputed, "keep_all")).peak_bytes
     rounding, weights = rounding_for(problem), weights_for(problem)
-    rows = PeakRows(problem, budget, rounding, transients=True, kept_readers=True)
+    rows = PeakRows(problem, int(low + fraction * (high - low)), rounding, transients=True, kept_readers=True)
+    every_step = frozenset(range(len(backward_steps_of(problem))))
     solved = [solve_once(problem, None, rounding=rounding, weights=weights, time_limit=20, backend="highs",
-                         extension=MirroredRows(rows, pairs, frozen)) for frozen in (frozenset(), shadowed)]
+                         extension=MirroredRows(rows, pairs, left_out)) for left_out in (frozenset(), shadowed, every_step)]
     assert all(outcome.status == "optimal" for outcome in solved)
-    full, pruned = (weights.evaluate(outcome.plan) for outcome in solved)
+    full, pruned, none = (weights.evaluate(outcome.plan) for outcome in solved)
+    assert none < full * (1 - 1e-9)  # the step rows bind here
     assert pruned == pytest.approx(full, rel=1e-9)
 
 
