@@ -3,6 +3,8 @@ import logging
 import pytest
 import torch
 
+from remat_pass.solvers.problem import Problem
+
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
@@ -10,6 +12,21 @@ def _fresh_dynamo():
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
+
+
+@pytest.fixture(scope="session")
+def gpt_step() -> Problem:
+    """A traced two-layer GPT step with dropout, its loss included: tuples (layer norm), views,
+    replayed dropout, attention (``test_exact_rows``, ``test_peak_rows``)."""
+    from remat_pass.pipeline import trace_step
+
+    from .models import make_case
+
+    torch._dynamo.reset()
+    model, inputs, loss = make_case("gpt")
+    problem = trace_step(model, inputs, loss_fn=loss, device="cpu").problem
+    torch._dynamo.reset()
+    return problem
 
 
 def pytest_configure(config):

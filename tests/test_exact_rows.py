@@ -7,7 +7,6 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 from remat_pass.solvers import baselines, cpsat
 from remat_pass.solvers._graph import relevant_values
@@ -17,20 +16,6 @@ from remat_pass.solvers.exact_rows import ExactRowPlaces, ExactStepRows
 from remat_pass.solvers.memory import backward_lifetimes, backward_steps_of, second_tensors, simulate_plan
 from remat_pass.solvers.problem import Plan, Problem, closure_from_keep_set
 
-from .models import make_case
-
-
-@pytest.fixture(scope="module")
-def gpt_step() -> Problem:
-    """A traced two-layer GPT step with dropout, its loss included: tuples (layer norm), views,
-    replayed dropout, attention."""
-    from remat_pass.pipeline import trace_step
-
-    torch._dynamo.reset()
-    model, inputs, loss = make_case("gpt")
-    problem = trace_step(model, inputs, loss_fn=loss, device="cpu").problem
-    torch._dynamo.reset()
-    return problem
 
 
 def _plans(problem: Problem, count: int, seed: int = 0) -> list[Plan]:
