@@ -17,7 +17,8 @@ gets rows the simulator justifies, and every plan is checked on the simulator:
    best plans come from it; a tied plan a little over the budget is made to fit in step 6, or
    at once where the untied rows are out of reach: a second round with cuts did not move the
    12-layer Llama's). Untied conservative rows that the tied solve's time, scaled, says will not
-   finish in time are skipped (``untied_seconds``: at 12 layers and deeper they find no plan).
+   finish in time are skipped (``untied_seconds``). Since the rows share one variable per view's
+   set of literals (``peak_rows``) they run at 12 layers too (1.2-1.6 s a round on the scaling GPT).
 2. The older search over saved-bytes caps (secant, then a few rounds of rows at the offending
    step on the best cap that still overshoots) adds its plans. Its caps (one quick ILP each)
    run before the rest of step 1 until a quarter of the limit has passed, and it resumes after
@@ -159,7 +160,7 @@ def solve_peak(
     search.candidates += [_Candidate(p, simulate_plan(problem, p)) for p in baselines.heuristic_plans(problem)]
     bound: float | None = None
     # Identical blocks tied, then the saved-bytes caps (quick ILPs): plans near the budget before the
-    # untied peak-row MIPs, which on deep models can take the limit (12-layer Llama: ~40 s, no plan).
+    # untied peak-row MIPs, which on deep models can take the limit (round 9's 12-layer Llama: ~40 s, no plan).
     if cap_solver == "ilp":
         search.with_mirrored_rows(time_limit)
     search.over_saved_cap(keep_all_memory, until=began + CAP_SHARE * time_limit if cap_solver == "ilp" else None)
@@ -331,7 +332,7 @@ class _Search:
     def with_mirrored_rows(self, time_limit: float) -> None:
         """One plan of the conservative step rows with identical blocks tied (``mirrored``), the
         shadowed copies' rows left out, in half of what is left at most: on deep models its plans
-        are the best (12-layer models: 2-5 s; a 48-layer GPT: 11 s, where the untied rows find none).
+        are the best (12-layer models: 2-5 s in round 11; a 48-layer GPT: a plan 2.8 s after the call).
         Where the untied conservative rows will not get the time they need (deep models), a tied
         plan a little over the budget is made to fit at once, not in the last window."""
         pairs = mirrored_pairs(self.problem)
@@ -341,8 +342,8 @@ class _Search:
         shadowed = shadowed_steps(self.problem)
         self._rounds(1, self._left() / 2, pairs, shadowed)
         # The tied solve's time times the square of the rows it left out: a larger MIP that is also harder
-        # (a 12-layer GPT-2: 2.4 s tied, no plan in 24 s untied). The relaxation is not gated: its bound is
-        # worth its time up to 24 layers (9 s there); at 48 (50 s) only its build runs past its share.
+        # (round 11, a 12-layer GPT-2: 2.4 s tied, no plan in 24 s untied). The relaxation is not gated: its
+        # bound is worth its time (48 layers: solved in 5.2 s since the rows share their view variables).
         steps = len(self.problem.backward_steps)
         self.untied_seconds = (time.perf_counter() - began) * (steps / max(steps - len(shadowed), 1)) ** 2
         if self.untied_seconds >= self._left() / 2:  # the tied plans, and those that fit
@@ -428,7 +429,7 @@ class _Search:
         weights = weights_for(problem)
         for round_index in range(rounds):
             if self._left() <= max(reserve, 0.1) or (not pairs and self._left() - reserve < self.untied_seconds):
-                break  # with less time than the untied rows take, no plan (12 layers)
+                break  # with less time than the untied rows take, no plan (round 11: 12 layers)
             rows = PeakRows(problem, self.budget, rounding, margin, tuple(sorted(
                 cuts, key=lambda c: (c.step, c.storage, c.literals))), transients=True, kept_readers=True)
             outcome = solve_once(problem, None, rounding=rounding, weights=weights,
