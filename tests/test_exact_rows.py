@@ -17,7 +17,6 @@ from remat_pass.solvers.memory import backward_lifetimes, backward_steps_of, sec
 from remat_pass.solvers.problem import Plan, Problem, closure_from_keep_set
 
 
-
 def _plans(problem: Problem, count: int, seed: int = 0) -> list[Plan]:
     """The baselines and random keep-set closures: plans of every shape."""
     rng = random.Random(seed)

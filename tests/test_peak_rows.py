@@ -56,7 +56,9 @@ class _OnePerRow(PeakRows):
 def _alive_rows(problem: Problem, rows: PeakRows) -> int:
     model = build(problem, rows.rounding, None, weights_for(problem))
     rows.add(model)
-    return sum(1 for name in model.lp.constraints if name.startswith("alive"))
+    lp = model.lp  # PuLP 3.3 deprecates the name -> row mapping for a call returning the rows
+    constraints = lp.constraints() if callable(lp.constraints) else list(lp.constraints.values())
+    return sum(1 for row in constraints if row.name.startswith("alive"))
 
 
 def _check_one_variable_per_literal_set(problem: Problem, budget: int) -> None:
