@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import pulp
 
-from ._mip import MipResult, fraction
+from ._mip import MipResult, add_row, fraction
 from .cpsat import implied_integral
 from ._model import Model, Rounding, plan_from
 from .memory import backward_steps_of, read_spans, working_while_making
@@ -108,12 +108,6 @@ class _ReadStorages:
         """The storages whose literals may be alive at step ``t``, in their original order (the rows'
         terms keep one order, so the model is the same whichever steps it has rows at)."""
         return [self.storages[i] for i in sorted(self.by_horizon[bisect_left(self.horizons, t):])]
-
-
-def add_row(lp: pulp.LpProblem, coefficients: dict[pulp.LpVariable, int], sense: int, rhs: int, name: str) -> None:
-    """``sum(c * x) <sense> rhs`` added to ``lp`` as one expression: PuLP's operators copy the
-    expression at each ``+`` (most of the rows' build time on deep models)."""
-    lp.addConstraint(pulp.LpConstraint(pulp.LpAffineExpression(coefficients), sense=sense, rhs=rhs), name)
 
 
 @dataclass(frozen=True)
