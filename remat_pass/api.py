@@ -302,13 +302,13 @@ def optimize(
     alias) or "measure" (each forward op timed once on the device with the first call's real
     inputs, before planning; see ``remat_pass.op_timing``).
 
-    ``time_limit`` (seconds) bounds the planner's search; capture and annotation come on top.
-    Under a peak budget the peak planner may go up to a fifth past it to make cheaper plans that
-    overshoot fit (giving up kept values, or refreshing recomputed ones), and when its answer has
-    refreshed values, 10 s more at least to prove that plan's gap (``solvers.schedule_bound``);
-    a round already started may finish late too. Measured with a 60 s limit: 6-96 s with capture
-    on 4-layer models, 81-122 s on 12-layer ones (``benchmarks/RESULTS.md``), 71 s without capture
-    on a 48-layer GPT (``benchmarks/SCALING.md``, "Peak budgets at depth").
+    ``time_limit`` (seconds) bounds planning; capture and annotation come on top. Under a peak
+    budget the peak planner answers within it when a plan fits: its searches get the first four
+    fifths, making cheaper plans that overshoot fit (giving up kept values, or refreshing
+    recomputed ones) and proving a refreshed answer's gap (``solvers.schedule_bound``) the rest.
+    A model build or simulation already started is not interrupted, so a deep model may run a
+    little past it. When nothing fits, a fixed probe of the trade-off curve follows, so that the
+    smallest budget the error states is one a plan was found for.
 
     ``offload=True`` lets the planner also send saved activations to host memory over the
     device's host link where the transfer hides behind compute (``device`` must have one, e.g.

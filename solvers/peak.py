@@ -77,7 +77,7 @@ CUT_ROUNDS = 12
 # Saved-bytes caps (fractions of keep-all) probed when a search finds nothing that fits.
 PROBE_FRACTIONS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7)
 PROBE_TIME_LIMIT = 30.0
-# Making cheaper plans that overshoot fit (``overshoot``) may run this share of the limit past it.
+# The time limit's last share (it is the whole planning time): overshooting plans made to fit, a refreshed plan's bound.
 FIT_SHARE = 0.2
 # Share of the time limit the saved-bytes-cap search may use before the peak rows (with the ILP).
 CAP_SHARE = 0.25
@@ -142,15 +142,23 @@ def solve_peak(
     local search from the best plan that fits; the other cap solvers only run the cap search.
     The baselines are candidates throughout. Raises BudgetInfeasibleError (kind "peak") with
     the lowest peak found when nothing fits.
+
+    The answer comes within ``time_limit`` when a plan fits: the searches share its first
+    ``1 - FIT_SHARE``, making overshooting plans fit and a refreshed plan's bound the rest (model
+    builds and the simulator are not interrupted, so a deep model may run a little past it).
+    When nothing fits, a fixed probe of the trade-off curve follows (``PROBE_TIME_LIMIT`` per
+    cap), so that the smallest budget the error states is one a plan was found for.
     """
     began = time.perf_counter()
+    ends = began + time_limit
     keep_all = baselines.keep_all(problem)
     keep_all_memory = simulate_plan(problem, keep_all)
     if budget_bytes is None or keep_all_memory.peak_bytes <= budget_bytes:
         return _finish(keep_all, keep_all_memory, Status.OPTIMAL, 0.0)
     if cap_solver not in ("ilp", "fast", "ilp_offload"):
         raise ValueError(f"cap_solver must be 'ilp', 'fast' or 'ilp_offload', got {cap_solver!r}")
-    search = _Search(problem, budget_bytes, resolve_backend(backend), began + time_limit, threads, cap_solver)
+    searches_end = ends - FIT_SHARE * time_limit
+    search = _Search(problem, budget_bytes, resolve_backend(backend), searches_end, threads, cap_solver)
     search.exact_backend = exact_backend_for(exact_backend, search.backend)
     search.host_budget_bytes = host_budget_bytes
     if not 0.0 <= exact_share <= 1.0:
@@ -175,7 +183,7 @@ def solve_peak(
     if cap_solver == "ilp" and not search.proven_by(bound):  # the simulator's own local search
         search.polish(min(search._left(), LOCAL_SHARE * time_limit))
     # A plan that gives up kept values stays inside the peak model: none beats a proven optimum.
-    search.fit_cheaper(search.candidates, began + time_limit * (1 + FIT_SHARE), repair_kept=not search.proven_by(bound))
+    search.fit_cheaper(search.candidates, ends, repair_kept=not search.proven_by(bound))
     fitting = [c for c in search.candidates if c.memory.peak_bytes <= budget_bytes]
     if not fitting:
         # The stated minimum must itself work when tried, so it comes from a fixed probe of
@@ -187,8 +195,8 @@ def solve_peak(
             raise BudgetInfeasibleError(budget_bytes, lowest, keep_all_memory.peak_bytes, kind="peak")
     best = min(fitting, key=_rank)
     if best.plan.refreshed:  # the rows' bound holds each recomputed value across its reads: not for this plan
-        bound = bound_for_refreshed(problem, budget_bytes, backend=search.exact_backend,
-                                    deadline=began + time_limit * (1 + FIT_SHARE), threads=threads)
+        bound = bound_for_refreshed(problem, budget_bytes, backend=search.exact_backend, deadline=ends,
+                                    threads=threads)
     gap = relative_gap(best.plan.predicted_extra_seconds, bound)
     if gap is not None and gap <= PROVEN_GAP:
         return _finish(best.plan, best.memory, Status.OPTIMAL, 0.0)
@@ -348,7 +356,7 @@ class _Search:
         self.untied_seconds = (time.perf_counter() - began) * (steps / max(steps - len(shadowed), 1)) ** 2
         if self.untied_seconds >= self._left() / 2:  # the tied plans, and those that fit
             among = [c for i, c in enumerate(self.candidates) if i >= before or c.memory.peak_bytes <= self.budget]
-            self.fit_cheaper(among, time.perf_counter() + FIT_SHARE * time_limit)
+            self.fit_cheaper(among, min(time.perf_counter() + FIT_SHARE * time_limit, self.deadline))
 
     def exact_rounds(self, plan: Plan, bound: float | None, seconds: float) -> float | None:
         """Tighten the relaxation where its plan peaks (``exact_rows``) while that helps.

@@ -122,3 +122,41 @@ def test_peak_planner_on_a_hand_made_chain():
     assert raised.value.min_bytes > 99
     fitting = solvers.solve(problem, raised.value.min_bytes, solver="ilp_peak")
     assert fitting.predicted_peak_bytes <= raised.value.min_bytes
+
+
+def test_the_peak_planner_answers_within_its_time_limit(monkeypatch):
+    """``ilp_peak``'s ``time_limit`` is the whole planning time when a plan fits: the searches end
+    at its first ``1 - FIT_SHARE``, the window that makes overshooting plans fit and a refreshed
+    plan's bound at the limit itself (both ran up to a fifth past it before). On the refresh
+    chain the answer is a refreshed plan, so every phase runs."""
+    import time
+
+    from remat_pass.solvers import peak
+
+    from .test_refresh import _chain
+
+    ends: dict[str, list[float]] = {"search": [], "fit": [], "bound": []}
+    fit_cheaper, bound_for_refreshed, over_saved_cap = peak.fit_cheaper, peak.bound_for_refreshed, peak._Search.over_saved_cap
+
+    def fit(problem, plans, budget, deadline, repair_kept=True):
+        ends["fit"].append(deadline)
+        return fit_cheaper(problem, plans, budget, deadline, repair_kept)
+
+    def bound(problem, budget, *, backend, deadline, threads=None):
+        ends["bound"].append(deadline)
+        return bound_for_refreshed(problem, budget, backend=backend, deadline=deadline, threads=threads)
+
+    def search(self, *args, **kwargs):
+        ends["search"].append(self.deadline)
+        return over_saved_cap(self, *args, **kwargs)
+
+    monkeypatch.setattr(peak, "fit_cheaper", fit)
+    monkeypatch.setattr(peak, "bound_for_refreshed", bound)
+    monkeypatch.setattr(peak._Search, "over_saved_cap", search)
+    limit, called = 20.0, time.perf_counter()
+    decision = solvers.solve(_chain(), 16, solver="ilp_peak", time_limit=limit)
+    assert decision.refreshed and decision.gap is not None  # the bound had time: the chain is tiny
+    assert all(ends.values()), ends
+    slack = 1.0  # between ``called`` and the planner's own clock
+    assert max(ends["search"]) <= called + (1 - peak.FIT_SHARE) * limit + slack
+    assert max(ends["fit"] + ends["bound"]) <= called + limit + slack

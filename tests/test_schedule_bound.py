@@ -111,3 +111,17 @@ def test_the_benchmarks_flop_bound_never_exceeds_a_plan_that_fits():
         assert bound is not None and bound <= fewest, (budget, bound, fewest)
         bounds.append(bound)
     assert bounds[0] > 0  # at the lowest peak something must be recomputed: the bound says so
+
+
+def test_the_bound_keeps_to_its_time_limit():
+    """Out of time, building its model or solving it, the bound proves nothing (None), and a
+    refreshed plan's bound is not started with no time left: the planner's limit is the whole
+    planning time."""
+    import time
+
+    from remat_pass.solvers.schedule_bound import bound_for_refreshed
+
+    late = any_schedule_bound(transformer(), 10**9, backend="highs", time_limit=0.0)
+    assert late.seconds is None and late.status == "time_limit"
+    assert bound_for_refreshed(_chain(), 16, backend="highs", deadline=time.perf_counter()) is None
+    assert bound_for_refreshed(_chain(), 16, backend="highs", deadline=time.perf_counter() + 20) == pytest.approx(1.0)
