@@ -130,9 +130,11 @@ def fraction(model: pulp.LpProblem, name: str) -> pulp.LpVariable:
     return implied_integral(model, pulp.LpVariable(name, lowBound=0, upBound=1))
 
 
-def add_row(lp: pulp.LpProblem, coefficients: dict[pulp.LpVariable, int], sense: int, rhs: int, name: str) -> None:
+def add_row(lp: pulp.LpProblem, coefficients: dict[pulp.LpVariable, int], sense: int, rhs: int,
+            name: str | None = None) -> None:
     """``sum(c * x) <sense> rhs`` added to ``lp`` as one expression: PuLP's operators copy the
-    expression at each ``+`` (most of the rows' build time on deep models)."""
+    expression at each ``+`` (most of the rows' build time on deep models). Without ``name``
+    the row gets PuLP's next automatic one, as with ``lp += row``."""
     lp.addConstraint(pulp.LpConstraint(pulp.LpAffineExpression(coefficients), sense=sense, rhs=rhs), name)
 
 

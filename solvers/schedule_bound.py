@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import pulp
 
 from ._graph import relevant_values
-from ._mip import binary, run_mip
+from ._mip import add_row, binary, run_mip
 from ._model import rounding_for
 from .memory import backward_steps_of
 from .problem import Problem
@@ -100,7 +100,7 @@ class _Relaxation:
         pinned = sum(problem.storage_bytes[s] for s in self.outputs)
         self.lp += self._bytes(self.held) <= self._room(budget_bytes - pinned), "forward_end"
         working = {t: s.working_bytes for t, s in enumerate(backward_steps_of(problem))}
-        later = self._read_after()
+        later = self._read_after(set(steps))
         previous: dict[int, pulp.LpVariable] = {}
         for t in steps:
             if time.perf_counter() > until:
@@ -118,12 +118,15 @@ class _Relaxation:
         sizes = self.problem.storage_bytes
         return pulp.lpSum(sizes[s] // self.quantum * var for s, var in by_storage.items() if sizes[s] >= self.quantum)
 
-    def _read_after(self) -> list[set[int]]:
-        """Per backward step, the forward values a later step reads."""
+    def _read_after(self, chosen: set[int]) -> dict[int, set[int]]:
+        """Per chosen backward step, the forward values a later step reads (only those steps: a
+        copy per step of a 48-layer GPT's 4054 would be most of the build)."""
         steps = backward_steps_of(self.problem)
-        found, later = [set() for _ in steps], set()
+        found: dict[int, set[int]] = {}
+        later: set[int] = set()
         for t in range(len(steps) - 1, -1, -1):
-            found[t] = set(later)
+            if t in chosen:
+                found[t] = set(later)
             later |= {v for v in steps[t].reads if not self.problem.values[v].available}
         return found
 
@@ -151,33 +154,36 @@ class _Relaxation:
         alive = {x: binary(lp, f"z_{x}_{t}") for x in needed}
         made = {x: binary(lp, f"r_{x}_{t}") for x in needed if x in self.compute}
         storages: dict[int, pulp.LpVariable] = {}
-        for x in needed:
+        for x in needed:  # each row ``lhs <= rhs`` as ``lhs - rhs <= 0`` (``_at_most``)
             storage = values[x].storage
             source = [self.compute[x]] if x in self.compute else []
             if values[x].keepable and storage in self.held:
                 source.append(self.held[storage])
             if problem.storage_bytes[storage] > 0:  # alive: computed in backward, or held from the forward
-                lp += alive[x] <= pulp.lpSum(source)
+                _at_most(lp, alive[x], source)
                 if storage not in storages:
                     storages[storage] = binary(lp, f"zs_{storage}_{t}")
-                lp += alive[x] <= storages[storage]
+                _at_most(lp, alive[x], [storages[storage]])
             if x in made:
-                lp += made[x] <= self.compute[x]
+                _at_most(lp, made[x], [self.compute[x]])
                 for u in values[x].inputs:
                     if not self._free(u):  # an input of what is made later: alive now, or made later too
-                        lp += made[x] <= alive[u] + made.get(u, 0)
-            if x in previous and x in self.compute:  # never computed in backward: alive since the forward
-                lp += alive[x] <= previous[x] + self.compute[x]
-            elif x in previous:
-                lp += alive[x] <= previous[x]
+                        _at_most(lp, made[x], [alive[u], made[u]] if u in made else [alive[u]])
+            if x in previous:  # never computed in backward: alive since the forward
+                _at_most(lp, alive[x], [previous[x], self.compute[x]] if x in self.compute else [previous[x]])
         for v in backward_steps_of(problem)[t].reads:
             if v in alive:
-                lp += alive[v] == 1
+                add_row(lp, {alive[v]: 1}, pulp.LpConstraintEQ, 1)
         for v in later:
             if v in alive:
-                lp += alive[v] + made.get(v, 0) >= 1
+                add_row(lp, {alive[v]: 1, made[v]: 1} if v in made else {alive[v]: 1}, pulp.LpConstraintGE, 1)
         lp += self._bytes(storages) <= self._room(free_bytes), f"memory_{t}"
         return alive
+
+
+def _at_most(lp: pulp.LpProblem, variable: pulp.LpVariable, sources: list[pulp.LpVariable]) -> None:
+    """``variable <= sum(sources)``, built as one expression (``_mip.add_row``), auto-named as PuLP's ``+=``."""
+    add_row(lp, {variable: 1, **{source: -1 for source in sources}}, pulp.LpConstraintLE, 0)
 
 
 def any_schedule_bound(problem: Problem, budget_bytes: int, *, backend: str, time_limit: float,
