@@ -53,8 +53,8 @@ import time
 from dataclasses import dataclass
 
 from . import baselines
-from ._mip import resolve_backend, run_mip
-from ._model import plan_from, rounding_for, time_weights, weights_for
+from ._mip import resolve_backend
+from ._model import rounding_for, time_weights, weights_for
 from ._run import solve_once
 from .errors import BudgetInfeasibleError, SolverError
 from .exact_rows import ExactRowPlaces, exact_backend_for
@@ -63,7 +63,7 @@ from .memory import PlanMemory, peak_step_alive, simulate_plan
 from .mirrored import MirroredRows, mirrored_pairs, shadowed_steps
 from .overshoot import fit_cheaper
 from .peak_rows import PeakRows, cuts_at
-from .saved_cap_rows import CapPeakModel, pinned_bytes, row_holds, tighten_saved
+from .saved_cap_rows import plans_from_cap
 from .schedule_bound import bound_for_refreshed
 from .problem import Plan, Problem
 from .registry import Decision, planner
@@ -77,8 +77,13 @@ CUT_ROUNDS = 12
 # Saved-bytes caps (fractions of keep-all) probed when a search finds nothing that fits.
 PROBE_FRACTIONS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7)
 PROBE_TIME_LIMIT = 30.0
-# The time limit's last share (it is the whole planning time): overshooting plans made to fit, a refreshed plan's bound.
-FIT_SHARE = 0.2
+# The time limit is the whole planning time. Its last shares, after the searches: overshooting plans
+# made to fit (``overshoot``), then, when the answer has refreshed values, their bound (``schedule_bound``:
+# ~4 s on the 4-layer families; the call returns early otherwise).
+FIT_SHARE = 0.1
+REFRESHED_BOUND_SHARE = 0.1
+# On deep models, the tied plans that overshoot are made to fit at once, for this share at most.
+EARLY_FIT_SHARE = 0.2
 # Share of the time limit the saved-bytes-cap search may use before the peak rows (with the ILP).
 CAP_SHARE = 0.25
 # Share of the time limit for the local search from the best plan that fits (``local_search``).
@@ -143,9 +148,10 @@ def solve_peak(
     The baselines are candidates throughout. Raises BudgetInfeasibleError (kind "peak") with
     the lowest peak found when nothing fits.
 
-    The answer comes within ``time_limit`` when a plan fits: the searches share its first
-    ``1 - FIT_SHARE``, making overshooting plans fit and a refreshed plan's bound the rest (model
-    builds and the simulator are not interrupted, so a deep model may run a little past it).
+    The answer comes within ``time_limit`` when a plan fits: the searches share its first 80%,
+    making overshooting plans fit (``FIT_SHARE``) and a refreshed answer's bound
+    (``REFRESHED_BOUND_SHARE``) the rest (model builds and the simulator are not interrupted, so
+    a deep model may run a little past it).
     When nothing fits, a fixed probe of the trade-off curve follows (``PROBE_TIME_LIMIT`` per
     cap), so that the smallest budget the error states is one a plan was found for.
     """
@@ -157,7 +163,7 @@ def solve_peak(
         return _finish(keep_all, keep_all_memory, Status.OPTIMAL, 0.0)
     if cap_solver not in ("ilp", "fast", "ilp_offload"):
         raise ValueError(f"cap_solver must be 'ilp', 'fast' or 'ilp_offload', got {cap_solver!r}")
-    searches_end = ends - FIT_SHARE * time_limit
+    searches_end = ends - (FIT_SHARE + REFRESHED_BOUND_SHARE) * time_limit
     search = _Search(problem, budget_bytes, resolve_backend(backend), searches_end, threads, cap_solver)
     search.exact_backend = exact_backend_for(exact_backend, search.backend)
     search.host_budget_bytes = host_budget_bytes
@@ -177,13 +183,16 @@ def solve_peak(
         if search._left() > 0.1:  # the cap search resumed with what is left (tried caps are remembered)
             search.over_saved_cap(keep_all_memory)
         if search.overshooting_cap is not None and search._left() > 0.1:
-            search.with_peak_rows(search.overshooting_cap, rounds)
+            search.candidates += [_Candidate(*found) for found in plans_from_cap(
+                problem, budget_bytes, search.overshooting_cap, rounds, search.deadline, backend=search.backend,
+                threads=threads)]
     if search.relaxed_plan is not None:
         bound = search.exact_rounds(search.relaxed_plan, bound, min(search._left(), exact_share * time_limit))
     if cap_solver == "ilp" and not search.proven_by(bound):  # the simulator's own local search
         search.polish(min(search._left(), LOCAL_SHARE * time_limit))
     # A plan that gives up kept values stays inside the peak model: none beats a proven optimum.
-    search.fit_cheaper(search.candidates, ends, repair_kept=not search.proven_by(bound))
+    search.fit_cheaper(search.candidates, ends - REFRESHED_BOUND_SHARE * time_limit,
+                       repair_kept=not search.proven_by(bound))
     fitting = [c for c in search.candidates if c.memory.peak_bytes <= budget_bytes]
     if not fitting:
         # The stated minimum must itself work when tried, so it comes from a fixed probe of
@@ -356,7 +365,7 @@ class _Search:
         self.untied_seconds = (time.perf_counter() - began) * (steps / max(steps - len(shadowed), 1)) ** 2
         if self.untied_seconds >= self._left() / 2:  # the tied plans, and those that fit
             among = [c for i, c in enumerate(self.candidates) if i >= before or c.memory.peak_bytes <= self.budget]
-            self.fit_cheaper(among, min(time.perf_counter() + FIT_SHARE * time_limit, self.deadline))
+            self.fit_cheaper(among, min(time.perf_counter() + EARLY_FIT_SHARE * time_limit, self.deadline))
 
     def exact_rounds(self, plan: Plan, bound: float | None, seconds: float) -> float | None:
         """Tighten the relaxation where its plan peaks (``exact_rows``) while that helps.
@@ -470,30 +479,6 @@ class _Search:
         candidate = _Candidate(plan, simulate_plan(self.problem, plan))
         self.candidates.append(candidate)
         return candidate
-
-    def with_peak_rows(self, cap: int, rounds: int) -> None:
-        """From a cap whose plan overshoots, add peak rows until a plan fits (or rounds run out)."""
-        peak_model = CapPeakModel(self.problem, self.budget, pinned_bytes(self.problem), saved_cap=cap)
-        for round_index in range(rounds):
-            if self._left() <= 0.1:
-                break
-            result = run_mip(peak_model.model.lp, backend=self.backend, time_limit=self._left(), threads=self.threads)
-            if result.status not in ("optimal", "feasible"):
-                break
-            plan = plan_from(self.problem, peak_model.model, result, solver="ilp_peak")
-            candidate = _Candidate(plan, simulate_plan(self.problem, plan))
-            self.candidates.append(candidate)
-            memory = candidate.memory
-            logger.debug("ilp_peak: row round %d: kept %d, peak %d", round_index, plan.kept_bytes, memory.peak_bytes)
-            if memory.peak_bytes <= self.budget:
-                return
-            step, alive, working = peak_step_alive(self.problem, plan, memory)
-            if step is None:
-                tighten_saved(peak_model, plan)
-                continue
-            peak_model.add_valid_row(step)
-            if row_holds(self.problem, plan, step, self.budget, peak_model.pinned_bytes):
-                peak_model.add_no_good_row(plan, alive, working)
 
 
 def _finish(plan: Plan, memory: PlanMemory, status: Status, gap: float | None) -> Decision:

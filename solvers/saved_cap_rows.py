@@ -9,12 +9,18 @@ plan that fits, so a plan from this model is never called optimal once one was a
 
 from __future__ import annotations
 
+import logging
+import time
+from collections.abc import Iterator
+
 import pulp
 
-from ._mip import fraction
-from ._model import Model, build, rounding_for, weights_for
-from .memory import backward_steps_of, read_spans
+from ._mip import fraction, run_mip
+from ._model import Model, build, plan_from, rounding_for, weights_for
+from .memory import PlanMemory, backward_steps_of, peak_step_alive, read_spans, simulate_plan
 from .problem import Plan, Problem
+
+logger = logging.getLogger(__name__)
 
 
 class CapPeakModel:
@@ -104,3 +110,30 @@ def tighten_saved(peak_model: CapPeakModel, plan: Plan) -> None:
     peak_model.heuristic_rows += 1
     lp += pulp.lpSum(peak_model.rounding.units(s) * g for s, g in model.paid.items()) <= max(
         plan.kept_bytes - q, 0) // q, f"saved{peak_model.rows}"
+
+
+def plans_from_cap(problem: Problem, budget_bytes: int, cap: int, rounds: int, deadline: float, *, backend: str,
+                   threads: int | None) -> Iterator[tuple[Plan, PlanMemory]]:
+    """From a saved-bytes cap whose plan overshoots, each round's plan (and its simulated memory)
+    as peak rows are added where the last one peaked, until one fits, or rounds or time run out."""
+    peak_model = CapPeakModel(problem, budget_bytes, pinned_bytes(problem), saved_cap=cap)
+    for round_index in range(rounds):
+        if deadline - time.perf_counter() <= 0.1:
+            return
+        result = run_mip(peak_model.model.lp, backend=backend, time_limit=deadline - time.perf_counter(),
+                         threads=threads)
+        if result.status not in ("optimal", "feasible"):
+            return
+        plan = plan_from(problem, peak_model.model, result, solver="ilp_peak")
+        memory = simulate_plan(problem, plan)
+        logger.debug("ilp_peak: row round %d: kept %d, peak %d", round_index, plan.kept_bytes, memory.peak_bytes)
+        yield plan, memory
+        if memory.peak_bytes <= budget_bytes:
+            return
+        step, alive, working = peak_step_alive(problem, plan, memory)
+        if step is None:
+            tighten_saved(peak_model, plan)
+            continue
+        peak_model.add_valid_row(step)
+        if row_holds(problem, plan, step, budget_bytes, peak_model.pinned_bytes):
+            peak_model.add_no_good_row(plan, alive, working)

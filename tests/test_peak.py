@@ -126,9 +126,9 @@ def test_peak_planner_on_a_hand_made_chain():
 
 def test_the_peak_planner_answers_within_its_time_limit(monkeypatch):
     """``ilp_peak``'s ``time_limit`` is the whole planning time when a plan fits: the searches end
-    at its first ``1 - FIT_SHARE``, the window that makes overshooting plans fit and a refreshed
-    plan's bound at the limit itself (both ran up to a fifth past it before). On the refresh
-    chain the answer is a refreshed plan, so every phase runs."""
+    at its first 80%, the window that makes overshooting plans fit at 90%, a refreshed plan's
+    bound at the limit itself (the last two ran up to a fifth past it before, the bound 10 s at
+    least). On the refresh chain the answer is a refreshed plan, so every phase runs."""
     import time
 
     from remat_pass.solvers import peak
@@ -158,5 +158,6 @@ def test_the_peak_planner_answers_within_its_time_limit(monkeypatch):
     assert decision.refreshed and decision.gap is not None  # the bound had time: the chain is tiny
     assert all(ends.values()), ends
     slack = 1.0  # between ``called`` and the planner's own clock
-    assert max(ends["search"]) <= called + (1 - peak.FIT_SHARE) * limit + slack
-    assert max(ends["fit"] + ends["bound"]) <= called + limit + slack
+    assert max(ends["search"]) <= called + 0.8 * limit + slack
+    assert max(ends["fit"]) <= called + 0.9 * limit + slack
+    assert max(ends["bound"]) <= called + limit + slack
