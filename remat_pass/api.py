@@ -308,7 +308,9 @@ def optimize(
     recomputed ones) and proving a refreshed answer's gap (``solvers.schedule_bound``) the rest.
     A model build or simulation already started is not interrupted, so a deep model may run a
     little past it. When nothing fits, a fixed probe of the trade-off curve follows, so that the
-    smallest budget the error states is one a plan was found for.
+    smallest budget the error states is one a plan was found for. Measured at a 60 s limit:
+    54-55 s on a 12- to 48-layer GPT, 6-54 s on 4-layer models (``benchmarks/SCALING.md``,
+    ``benchmarks/RESULTS.md``, round 13).
 
     ``offload=True`` lets the planner also send saved activations to host memory over the
     device's host link where the transfer hides behind compute (``device`` must have one, e.g.
