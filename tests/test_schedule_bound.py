@@ -125,3 +125,30 @@ def test_the_bound_keeps_to_its_time_limit():
     assert late.seconds is None and late.status == "time_limit"
     assert bound_for_refreshed(_chain(), 16, backend="highs", deadline=time.perf_counter()) is None
     assert bound_for_refreshed(_chain(), 16, backend="highs", deadline=time.perf_counter() + 20) == pytest.approx(1.0)
+
+
+def test_a_refreshed_plans_bound_is_the_best_of_a_quick_and_a_full_model(monkeypatch):
+    """``bound_for_refreshed`` solves rows at a few steps first (a bound within a short reserve on
+    deep models), then at the default steps, and keeps the higher bound. On the two-block
+    transformer at 0.9 of per-block's peak, rows at 2 steps bound 3 s and at all steps 4 s."""
+    import time
+
+    from remat_pass.solvers import schedule_bound
+    from remat_pass.solvers.memory import simulate_plan as simulate
+
+    problem = transformer()
+    budget = int(0.9 * simulate(problem, solve(problem, None, solver="per_block")).peak_bytes)
+    quick, full = (any_schedule_bound(problem, budget, backend="highs", time_limit=30, steps=count).seconds
+                   for count in (2, schedule_bound.DEFAULT_STEPS))
+    assert quick == pytest.approx(3.0) and full == pytest.approx(4.0)
+    monkeypatch.setattr(schedule_bound, "REFRESHED_FIRST_STEPS", 2)
+    asked = []
+    solve_at = schedule_bound.any_schedule_bound
+
+    def recorded(*args, steps, **kwargs):
+        asked.append(steps)
+        return solve_at(*args, steps=steps, **kwargs)
+
+    monkeypatch.setattr(schedule_bound, "any_schedule_bound", recorded)
+    found = schedule_bound.bound_for_refreshed(problem, budget, backend="highs", deadline=time.perf_counter() + 60)
+    assert asked == [2, schedule_bound.DEFAULT_STEPS] and found == pytest.approx(4.0)
