@@ -129,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="how remat_pass prices recompute (optimize's costs=): roofline (default), flops "
                         "(recomputed FLOPs alone, the deterministic yardstick here) or measure")
     parser.add_argument("--any-schedule-seconds", type=float, default=0.0,
-                        help="CP-SAT seconds for the any-schedule lower bound at checkpointing's peak (0: skip)")
+                        help="CP-SAT seconds (building its model included) for the any-schedule lower bound at checkpointing's peak "
+                             "(0: skip)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out/vs_checkpoint"))
     args = parser.parse_args(argv)
     torch.set_num_threads(1)

@@ -37,6 +37,12 @@ _SOL_STATUS = {
 }
 
 
+def model_rows(model: pulp.LpProblem) -> list[pulp.LpConstraint]:
+    """The model's rows, in the order they were added: PuLP 3.3 deprecates the name -> row mapping
+    for a call that returns them (PuLP 4's form), and both are in use."""
+    return model.constraints() if callable(model.constraints) else list(model.constraints.values())
+
+
 @dataclass(frozen=True)
 class Attempt:
     """What one backend run said, unjudged.

@@ -27,7 +27,7 @@ import time
 
 import pulp
 
-from ._attempt import Attempt
+from ._attempt import Attempt, model_rows
 from .errors import SolverError
 
 # The largest objective coefficient is scaled to about this many units (the rounding error of
@@ -77,9 +77,7 @@ def attempt_cpsat(model: pulp.LpProblem, *, time_limit: float, threads: int | No
     variables = model.variables()
     implied = frozenset(getattr(model, _MARK, ()))
     columns = {var.name: _column(cp, var, implied) for var in variables}
-    # PuLP 3.3 deprecates the name -> row mapping for a call returning the rows (PuLP 4's form).
-    rows = model.constraints() if callable(model.constraints) else list(model.constraints.values())
-    for row in rows:
+    for row in model_rows(model):
         _add_row(cp, columns, row.name, row)
     scale, exact = _objective(cp, columns, model.objective)
     if warm:

@@ -51,7 +51,7 @@ DEFAULT_STEPS = 48
 REFRESHED_BOUND_MIN_SECONDS = 1.0
 # ... and its first model has rows at this few steps, then, with time left, at ``DEFAULT_STEPS``: on
 # the 12-layer Llama of the benchmarks (CP-SAT, 6 s) 8 steps bound 0.0667 s in 2.8 s, 48 steps
-# nothing in 6 s (0.0667 s in 10.8 s).
+# nothing in 6 s (0.0667 s in 10.8 s; ``benchmarks/RESULTS.md``, "Round 13").
 REFRESHED_FIRST_STEPS = 8
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from remat_pass.solvers import baselines, cpsat
 from remat_pass.solvers._graph import relevant_values
+from remat_pass.solvers._attempt import model_rows
 from remat_pass.solvers._mip import run_mip
 from remat_pass.solvers._model import Rounding, build, rounding_for, time_weights
 from remat_pass.solvers.exact_rows import ExactRowPlaces, ExactStepRows
@@ -98,8 +99,7 @@ def test_cpsat_and_highs_agree_on_an_exact_round(gpt_step):
         if backend == "cpsat":
             for var in model.lp.variables():
                 var.varValue = results[backend].values[var.name]
-            rows = model.lp.constraints() if callable(model.lp.constraints) else model.lp.constraints.values()
-            assert all(row.valid(1e-9) for row in rows)
+            assert all(row.valid(1e-9) for row in model_rows(model.lp))
     cp, highs = results["cpsat"], results["highs"]
     assert cp.status in ("optimal", "feasible") and highs.status in ("optimal", "feasible")
     assert cp.bound <= highs.objective * (1 + 1e-9) and highs.bound <= cp.objective * (1 + 1e-9)

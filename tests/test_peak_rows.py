@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from remat_pass.solvers import baselines
+from remat_pass.solvers._attempt import model_rows
 from remat_pass.solvers._model import build, rounding_for, time_weights, weights_for
 from remat_pass.solvers._run import solve_once
 from remat_pass.solvers.memory import simulate_plan
@@ -56,9 +57,7 @@ class _OnePerRow(PeakRows):
 def _alive_rows(problem: Problem, rows: PeakRows) -> int:
     model = build(problem, rows.rounding, None, weights_for(problem))
     rows.add(model)
-    lp = model.lp  # PuLP 3.3 deprecates the name -> row mapping for a call returning the rows
-    constraints = lp.constraints() if callable(lp.constraints) else list(lp.constraints.values())
-    return sum(1 for row in constraints if row.name.startswith("alive"))
+    return sum(1 for row in model_rows(model.lp) if row.name.startswith("alive"))
 
 
 def _check_one_variable_per_literal_set(problem: Problem, budget: int) -> None:
