@@ -151,6 +151,20 @@ class _Relaxation:
                 stack.extend(u for u in values[x].inputs if not self._free(u))
         return found
 
+    def _input_sources(self, x: int, u: int, alive: dict[int, pulp.LpVariable],
+                       made: dict[int, pulp.LpVariable]) -> list[pulp.LpVariable]:
+        """What lets ``x`` be made after a step from its input ``u``: ``u`` alive then, or made after it.
+
+        An element of a multi-output op's result (a getitem of its tuple) is made only by running
+        the op again. The tuple has no bytes of its own, so counting it alive would let its elements
+        be made later for nothing while their bytes are counted nowhere: that alone put the bound
+        at 0.44 of per-block checkpointing's recompute on the h64 GPT-style model, 0.69 without it.
+        """
+        values = self.problem.values
+        if values[x].op == "getitem" and not values[u].keepable and not values[u].available:
+            return [made[u]] if u in made else []
+        return [alive[u], made[u]] if u in made else [alive[u]]
+
     def _step(self, t: int, later: set[int], free_bytes: int,
               previous: dict[int, pulp.LpVariable]) -> dict[int, pulp.LpVariable]:
         problem, lp, values = self.problem, self.lp, self.problem.values
@@ -172,7 +186,7 @@ class _Relaxation:
                 _at_most(lp, made[x], [self.compute[x]])
                 for u in values[x].inputs:
                     if not self._free(u):  # an input of what is made later: alive now, or made later too
-                        _at_most(lp, made[x], [alive[u], made[u]] if u in made else [alive[u]])
+                        _at_most(lp, made[x], self._input_sources(x, u, alive, made))
             if x in previous:  # never computed in backward: alive since the forward
                 _at_most(lp, alive[x], [previous[x], self.compute[x]] if x in self.compute else [previous[x]])
         for v in backward_steps_of(problem)[t].reads:

@@ -4,14 +4,15 @@ refreshed plans included, and what gives a refreshed plan of ``ilp_peak`` its ga
 from __future__ import annotations
 
 import dataclasses
+import random
 from itertools import chain, combinations
 
 import pytest
 
-from remat_pass.solvers import cpsat, solve
+from remat_pass.solvers import baselines, cpsat, solve
 from remat_pass.solvers._graph import relevant_values
 from remat_pass.solvers.memory import simulate_plan
-from remat_pass.solvers.problem import Plan, Problem, closure_from_keep_set
+from remat_pass.solvers.problem import BackwardStep, Plan, Problem, Value, closure_from_keep_set
 from remat_pass.solvers.refresh import refreshable_storages
 from remat_pass.solvers.schedule_bound import any_schedule_bound, bound_steps, fixed_step_bytes
 
@@ -72,6 +73,51 @@ def test_the_bound_sees_what_plans_cannot_do(backend):
     problem = _chain()
     assert any_schedule_bound(problem, 16, backend=backend, time_limit=30).seconds == pytest.approx(1.0)
     assert any_schedule_bound(problem, 15, backend=backend, time_limit=30).seconds == float("inf")
+
+
+def _tuple_chain() -> Problem:
+    """x -> t, a two-output op (a tuple: no storage of its own, 2 s) -> g, its element (8 B);
+    backward reads g at steps 0 and 2, and step 1 has a 16-byte working set."""
+    values = (
+        Value(0, "x", (), storage=0, available=True),
+        Value(1, "t", (0,), storage=2, recompute_seconds=2.0, flops=4, keepable=False, op="native_layer_norm.default"),
+        Value(2, "g", (1,), storage=1, op="getitem"),
+    )
+    steps = (BackwardStep((2,)), BackwardStep((), 16), BackwardStep((2,)))
+    return Problem(values, (0, 8, 0), frozenset({2}), backward_steps=steps)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_element_of_a_tuple_is_made_again_only_by_running_its_op(backend):
+    """At 16 bytes ``g`` cannot live across step 1. The cheapest schedule holds ``g`` from the
+    forward for step 0 and runs ``t`` again for step 2: 2 s. The bound used to count the tuple
+    alive at step 1 for free (it has no bytes) and take ``g`` from it afterwards, also for free: 0 s."""
+    problem = _tuple_chain()
+    assert any_schedule_bound(problem, 16, backend=backend, time_limit=30).seconds == pytest.approx(2.0)
+    assert any_schedule_bound(problem, 24, backend=backend, time_limit=30).seconds == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_on_a_traced_step_the_bound_never_exceeds_a_plan_that_fits(gpt_step, backend):
+    """The two-layer GPT's step (layer-norm tuples, a split attention, replayed dropout): at
+    per-block checkpointing's peak and two looser budgets, the bound is at most every sampled
+    plan that fits, each keep-set closure as it is and with all its refreshable storages refreshed."""
+    problem = gpt_step
+    keepable = sorted(v for v in relevant_values(problem) if problem.values[v].keepable)
+    plans = [baselines.per_block(problem)]
+    rng = random.Random(0)
+    for _ in range(150):
+        plans.append(Plan(problem, *closure_from_keep_set(problem, rng.sample(keepable, rng.randrange(len(keepable)))),
+                          "sample"))
+    plans += [dataclasses.replace(plan, refreshed=frozenset().union(*refreshable_storages(problem, plan).values()))
+              for plan in plans[1:]]
+    priced = [(simulate_plan(problem, plan).peak_bytes, plan.recompute_seconds) for plan in plans]
+    lowest = priced[0][0]
+    highest = max(p for p, _ in priced)
+    for budget in (lowest, lowest + (highest - lowest) // 8, lowest + (highest - lowest) // 2):
+        cheapest = min(seconds for peak, seconds in priced if peak <= budget)
+        bound = any_schedule_bound(problem, budget, backend=backend, time_limit=60).seconds
+        assert bound is not None and bound <= cheapest * (1 + 1e-9), (budget, bound, cheapest)
 
 
 def test_a_refreshed_plan_carries_the_any_schedule_gap():
