@@ -17,7 +17,9 @@ chosen set of backward steps ``T`` (any subset gives a valid bound; more steps, 
 * per step ``t`` in ``T``: ``z_xt`` (``x`` alive while ``t`` runs) and ``r_xt`` (``x`` made
   after ``t``). What ``t`` reads is alive; what a later step reads is alive or made after
   ``t``, and what is made after ``t`` has each input alive at ``t`` or made after it (backward
-  ops make no forward values, so everything made later comes from what is alive now). Alive
+  ops make no forward values, so everything made later comes from what is alive now). An
+  element of a multi-output op's result (a getitem of its tuple) is made later only by running
+  the op later: the tuple has no bytes, and "alive" it would hold its elements for nothing. Alive
   and never computed in backward means held from the forward (``h``), so it was alive at every
   earlier step of ``T`` too. The storages alive plus the step's working bytes fit the budget.
 
@@ -46,13 +48,13 @@ logger = logging.getLogger(__name__)
 # 0.42 of per-block checkpointing's recompute at its peak, all 349 steps 0.44, the planner's
 # optimum (one recomputation per value) being 0.71.
 DEFAULT_STEPS = 48
-# A refreshed plan's bound (``bound_for_refreshed``) is not tried with less than this left: its model
-# alone takes longer to build (the 12-layer scaling GPT: 1.3 s to build, 6.5 s to solve).
-REFRESHED_BOUND_MIN_SECONDS = 1.0
+# The peak planner's answer's bound (``any_schedule_bound_by``) is not tried with less than this left:
+# its model alone takes longer to build (the 12-layer scaling GPT: 1.3 s to build, 6.5 s to solve).
+ANSWER_BOUND_MIN_SECONDS = 1.0
 # ... and its first model has rows at this few steps, then, with time left, at ``DEFAULT_STEPS``: on
 # the 12-layer Llama of the benchmarks (CP-SAT, 6 s) 8 steps bound 0.0667 s in 2.8 s, 48 steps
 # nothing in 6 s (0.0667 s in 10.8 s; ``benchmarks/RESULTS.md``, "Round 13").
-REFRESHED_FIRST_STEPS = 8
+QUICK_BOUND_STEPS = 8
 
 
 @dataclass(frozen=True)
@@ -228,16 +230,18 @@ def any_schedule_bound(problem: Problem, budget_bytes: int, *, backend: str, tim
     return ScheduleBound(seconds, len(chosen), result.status, result.seconds)
 
 
-def bound_for_refreshed(problem: Problem, budget_bytes: int, *, backend: str, deadline: float,
-                        threads: int | None = None) -> float | None:
-    """The bound for a peak planner's answer with refreshed values (outside its rows' model):
-    ``any_schedule_bound`` until ``deadline`` (the planner's time limit), first with rows at a few
-    steps (quick), then at the default steps (tighter); the best bound proven, None when nothing
-    was proven by then (an infinite bound, which a plan that fits contradicts, is logged and dropped)."""
+def any_schedule_bound_by(problem: Problem, budget_bytes: int, *, backend: str, deadline: float,
+                          threads: int | None = None) -> float | None:
+    """The best ``any_schedule_bound`` proven by ``deadline`` (the peak planner's time limit): rows at a
+    few steps first (quick), then at the default steps (tighter). None when nothing was proven by then
+    (an infinite bound, which a plan that fits contradicts, is logged and dropped).
+
+    The peak planner asks for it when its rows' bound does not prove its answer: a refreshed answer is
+    outside the rows' model, and elsewhere it can be the tighter of the two."""
     best: float | None = None
-    for steps in (REFRESHED_FIRST_STEPS, DEFAULT_STEPS):
+    for steps in (QUICK_BOUND_STEPS, DEFAULT_STEPS):
         seconds = deadline - time.perf_counter()
-        if seconds < REFRESHED_BOUND_MIN_SECONDS:
+        if seconds < ANSWER_BOUND_MIN_SECONDS:
             break
         found = any_schedule_bound(problem, budget_bytes, backend=backend, time_limit=seconds, threads=threads,
                                    steps=steps)
@@ -247,5 +251,5 @@ def bound_for_refreshed(problem: Problem, budget_bytes: int, *, backend: str, de
         if found.seconds is not None:
             best = max(best or 0.0, found.seconds)
     if best is None:
-        logger.info("ilp_peak: no bound proven in time for a plan with refreshed values; its gap is not known")
+        logger.info("ilp_peak: no any-schedule bound proven in time")
     return best

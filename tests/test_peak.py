@@ -136,7 +136,7 @@ def test_the_peak_planner_answers_within_its_time_limit(monkeypatch):
     from .test_refresh import _chain
 
     ends: dict[str, list[float]] = {"search": [], "fit": [], "bound": []}
-    fit_cheaper, bound_for_refreshed, over_saved_cap = peak.fit_cheaper, peak.bound_for_refreshed, peak._Search.over_saved_cap
+    fit_cheaper, any_schedule_bound_by, over_saved_cap = peak.fit_cheaper, peak.any_schedule_bound_by, peak._Search.over_saved_cap
 
     def fit(problem, plans, budget, deadline, repair_kept=True):
         ends["fit"].append(deadline)
@@ -144,14 +144,14 @@ def test_the_peak_planner_answers_within_its_time_limit(monkeypatch):
 
     def bound(problem, budget, *, backend, deadline, threads=None):
         ends["bound"].append(deadline)
-        return bound_for_refreshed(problem, budget, backend=backend, deadline=deadline, threads=threads)
+        return any_schedule_bound_by(problem, budget, backend=backend, deadline=deadline, threads=threads)
 
     def search(self, *args, **kwargs):
         ends["search"].append(self.deadline)
         return over_saved_cap(self, *args, **kwargs)
 
     monkeypatch.setattr(peak, "fit_cheaper", fit)
-    monkeypatch.setattr(peak, "bound_for_refreshed", bound)
+    monkeypatch.setattr(peak, "any_schedule_bound_by", bound)
     monkeypatch.setattr(peak._Search, "over_saved_cap", search)
     limit, called = 20.0, time.perf_counter()
     decision = solvers.solve(_chain(), 16, solver="ilp_peak", time_limit=limit)
@@ -161,3 +161,25 @@ def test_the_peak_planner_answers_within_its_time_limit(monkeypatch):
     assert max(ends["search"]) <= called + 0.8 * limit + slack
     assert max(ends["fit"]) <= called + 0.9 * limit + slack
     assert max(ends["bound"]) <= called + limit + slack
+
+
+def test_an_answer_the_rows_do_not_prove_gets_the_any_schedule_bound_too(monkeypatch):
+    """On the two-block transformer at per-block's peak the rows' bound leaves the answer 50% open.
+    The any-schedule bound is asked for then, and where it is higher it is the one that counts (here
+    a stand-in at the answer's own cost makes it optimal); without a bound from it the rows' gap
+    stands. With offload allowed it is not asked: it bounds recompute schedules only."""
+    from remat_pass.solvers import peak
+
+    from .test_solvers import transformer
+
+    problem = transformer()
+    budget = simulate_plan(problem, solvers.solve(problem, None, solver="per_block")).peak_bytes
+    asked: list[float] = []
+    for floor, status, gap in ((None, "feasible", 0.5), (6.0, "optimal", 0.0)):
+        monkeypatch.setattr(peak, "any_schedule_bound_by", lambda *args, floor=floor, **kwargs: asked.append(1) or floor)
+        decision = solvers.solve(problem, budget, solver="ilp_peak", time_limit=10)
+        assert not decision.refreshed and decision.recompute_seconds == pytest.approx(6.0)
+        assert (str(decision.status), decision.gap) == (status, pytest.approx(gap))
+    assert len(asked) == 2
+    solvers.solve(problem, budget, solver="ilp_peak", time_limit=10, cap_solver="ilp_offload")
+    assert len(asked) == 2

@@ -165,16 +165,16 @@ def test_the_bound_keeps_to_its_time_limit():
     planning time."""
     import time
 
-    from remat_pass.solvers.schedule_bound import bound_for_refreshed
+    from remat_pass.solvers.schedule_bound import any_schedule_bound_by
 
     late = any_schedule_bound(transformer(), 10**9, backend="highs", time_limit=0.0)
     assert late.seconds is None and late.status == "time_limit"
-    assert bound_for_refreshed(_chain(), 16, backend="highs", deadline=time.perf_counter()) is None
-    assert bound_for_refreshed(_chain(), 16, backend="highs", deadline=time.perf_counter() + 20) == pytest.approx(1.0)
+    assert any_schedule_bound_by(_chain(), 16, backend="highs", deadline=time.perf_counter()) is None
+    assert any_schedule_bound_by(_chain(), 16, backend="highs", deadline=time.perf_counter() + 20) == pytest.approx(1.0)
 
 
-def test_a_refreshed_plans_bound_is_the_best_of_a_quick_and_a_full_model(monkeypatch):
-    """``bound_for_refreshed`` solves rows at a few steps first (a bound within a short reserve on
+def test_the_answers_any_schedule_bound_is_the_best_of_a_quick_and_a_full_model(monkeypatch):
+    """``any_schedule_bound_by`` solves rows at a few steps first (a bound within a short reserve on
     deep models), then at the default steps, and keeps the higher bound. On the two-block
     transformer at 0.9 of per-block's peak, rows at 2 steps bound 3 s and at all steps 4 s."""
     import time
@@ -187,7 +187,7 @@ def test_a_refreshed_plans_bound_is_the_best_of_a_quick_and_a_full_model(monkeyp
     quick, full = (any_schedule_bound(problem, budget, backend="highs", time_limit=30, steps=count).seconds
                    for count in (2, schedule_bound.DEFAULT_STEPS))
     assert quick == pytest.approx(3.0) and full == pytest.approx(4.0)
-    monkeypatch.setattr(schedule_bound, "REFRESHED_FIRST_STEPS", 2)
+    monkeypatch.setattr(schedule_bound, "QUICK_BOUND_STEPS", 2)
     asked = []
     solve_at = schedule_bound.any_schedule_bound
 
@@ -196,5 +196,5 @@ def test_a_refreshed_plans_bound_is_the_best_of_a_quick_and_a_full_model(monkeyp
         return solve_at(*args, steps=steps, **kwargs)
 
     monkeypatch.setattr(schedule_bound, "any_schedule_bound", recorded)
-    found = schedule_bound.bound_for_refreshed(problem, budget, backend="highs", deadline=time.perf_counter() + 60)
+    found = schedule_bound.any_schedule_bound_by(problem, budget, backend="highs", deadline=time.perf_counter() + 60)
     assert asked == [2, schedule_bound.DEFAULT_STEPS] and found == pytest.approx(4.0)
