@@ -48,9 +48,12 @@ logger = logging.getLogger(__name__)
 # 0.42 of per-block checkpointing's recompute at its peak, all 349 steps 0.44, the planner's
 # optimum (one recomputation per value) being 0.71.
 DEFAULT_STEPS = 48
-# The peak planner's answer's bound (``any_schedule_bound_by``) is not tried with less than this left:
-# its model alone takes longer to build (the 12-layer scaling GPT: 1.3 s to build, 6.5 s to solve).
+# The peak planner's answer's bound (``any_schedule_bound_by``) is not tried with less than this left,
+# nor with less than this per value: its quick model (below) takes ~2 ms a value to build and solve (the
+# scaling GPT at per-block's peak, CP-SAT: 2.1 s at 12 layers, 4.2 s at 24, 8.6 s at 48), and CP-SAT has a
+# bound to give at its limit after about half of that. A try that cannot finish would only overrun the limit.
 ANSWER_BOUND_MIN_SECONDS = 1.0
+ANSWER_BOUND_SECONDS_PER_VALUE = 1e-3
 # ... and its first model has rows at this few steps, then, with time left, at ``DEFAULT_STEPS``: on
 # the 12-layer Llama of the benchmarks (CP-SAT, 6 s) 8 steps bound 0.0667 s in 2.8 s, 48 steps
 # nothing in 6 s (0.0667 s in 10.8 s; ``benchmarks/RESULTS.md``, "Round 13").
@@ -239,9 +242,10 @@ def any_schedule_bound_by(problem: Problem, budget_bytes: int, *, backend: str, 
     The peak planner asks for it when its rows' bound does not prove its answer: a refreshed answer is
     outside the rows' model, and elsewhere it can be the tighter of the two."""
     best: float | None = None
+    least = max(ANSWER_BOUND_MIN_SECONDS, ANSWER_BOUND_SECONDS_PER_VALUE * len(problem.values))
     for steps in (QUICK_BOUND_STEPS, DEFAULT_STEPS):
         seconds = deadline - time.perf_counter()
-        if seconds < ANSWER_BOUND_MIN_SECONDS:
+        if seconds < least:
             break
         found = any_schedule_bound(problem, budget_bytes, backend=backend, time_limit=seconds, threads=threads,
                                    steps=steps)

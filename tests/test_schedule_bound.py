@@ -160,16 +160,20 @@ def test_the_benchmarks_flop_bound_never_exceeds_a_plan_that_fits():
 
 
 def test_the_bound_keeps_to_its_time_limit():
-    """Out of time, building its model or solving it, the bound proves nothing (None), and a
-    refreshed plan's bound is not started with no time left: the planner's limit is the whole
-    planning time."""
+    """Out of time, building its model or solving it, the bound proves nothing (None), and the
+    planner's answer's bound is not started with too little time left (a second, or its share per
+    value): the planner's limit is the whole planning time."""
     import time
 
+    from remat_pass.solvers import schedule_bound
     from remat_pass.solvers.schedule_bound import any_schedule_bound_by
 
     late = any_schedule_bound(transformer(), 10**9, backend="highs", time_limit=0.0)
     assert late.seconds is None and late.status == "time_limit"
     assert any_schedule_bound_by(_chain(), 16, backend="highs", deadline=time.perf_counter()) is None
+    with pytest.MonkeyPatch.context() as patch:  # not started with less than its per-value share left either
+        patch.setattr(schedule_bound, "ANSWER_BOUND_SECONDS_PER_VALUE", 1.0)  # 3 s for the chain's 3 values
+        assert any_schedule_bound_by(_chain(), 16, backend="highs", deadline=time.perf_counter() + 2) is None
     assert any_schedule_bound_by(_chain(), 16, backend="highs", deadline=time.perf_counter() + 20) == pytest.approx(1.0)
 
 
