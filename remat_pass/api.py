@@ -305,12 +305,13 @@ def optimize(
     ``time_limit`` (seconds) bounds planning; capture and annotation come on top. Under a peak
     budget the peak planner answers within it when a plan fits: its searches get the first four
     fifths, making cheaper plans that overshoot fit (giving up kept values, or refreshing
-    recomputed ones) and proving a refreshed answer's gap (``solvers.schedule_bound``) the rest.
-    A model build or simulation already started is not interrupted, so a deep model may run a
-    little past it. When nothing fits, a fixed probe of the trade-off curve follows, so that the
-    smallest budget the error states is one a plan was found for. Measured at a 60 s limit:
-    54-55 s on a 12- to 48-layer GPT, 6-54 s on 4-layer models (``benchmarks/SCALING.md``,
-    ``benchmarks/RESULTS.md``, round 13).
+    recomputed ones) the next tenth, and, when its own bound leaves the answer open, the lower
+    bound for any schedule (``solvers.schedule_bound``) the last. A model build or simulation
+    already started is not interrupted, so a deep model may run a little past it. When nothing
+    fits, a fixed probe of the trade-off curve follows, so that the smallest budget the error
+    states is one a plan was found for. Measured at a 60 s limit: 60.1-60.7 s on a 12- to
+    48-layer GPT, 4-60 s on 4-layer models; at 10 s, 8.9-9.0 s (``benchmarks/SCALING.md``,
+    ``benchmarks/RESULTS.md``, round 14).
 
     ``offload=True`` lets the planner also send saved activations to host memory over the
     device's host link where the transfer hides behind compute (``device`` must have one, e.g.
