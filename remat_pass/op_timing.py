@@ -56,7 +56,7 @@ def measure_forward_ops(graph: fx.Graph, step_inputs: Any, backward: set[fx.Node
 
     Raises ``Unmeasurable`` where the real inputs are missing or not real tensors.
     """
-    env = _real_primals(graph, step_inputs, backward)
+    env = {**_real_primals(graph, step_inputs, backward), **_constants(graph, backward)}
     device = _device_of(env.values())
     order_dropout_masks(graph)  # as annotate does: a mask is known by the time its output is rebuilt
     forward = [n for n in graph.nodes if n.op == "call_function" and n not in backward]
@@ -98,6 +98,20 @@ def _real_primals(graph: fx.Graph, step_inputs: Any, backward: set[fx.Node]) -> 
             raise Unmeasurable(f"no real value for graph input {node.name} ({desc})")
         env[node] = _checked(node, value)
     return env
+
+
+def _constants(graph: fx.Graph, backward: set[fx.Node]) -> dict[fx.Node, Any]:
+    """The real value of every constant the forward reads: a ``get_attr`` of the graph's module (a tensor
+    the trace lifted, as ``torch.tensor(...)`` in a forward becomes)."""
+    found: dict[fx.Node, Any] = {}
+    for node in graph.find_nodes(op="get_attr"):
+        if node in backward:
+            continue
+        try:
+            found[node] = _checked(node, operator.attrgetter(node.target)(graph.owning_module))
+        except AttributeError as error:  # no owning module, or not on it
+            raise Unmeasurable(f"no value for the graph's constant {node.target}") from error
+    return found
 
 
 def _checked(node: fx.Node, value: Any) -> Any:

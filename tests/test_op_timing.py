@@ -51,6 +51,35 @@ def test_measured_costs_are_positive_and_rank_a_big_matmul_above_a_tiny_pointwis
     assert all(v.recompute_seconds == 0 for v in problem.values if "view" in v.tags)
 
 
+class WithConstant(nn.Module):
+    """A tensor made in the forward from Python numbers: the trace lifts it to a constant of the
+    graph's module (a ``get_attr``), as Hugging Face GPT-2's eager attention does with its mask value."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(16, 16), nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(self.first(x).relu() * torch.tensor([0.5] * 16)).sum()
+
+
+def test_a_constant_the_trace_lifted_is_measured_with_its_real_value(caplog):
+    """Measuring used to fail on the constant (KeyError, reported as a remat_pass bug); now the op
+    that reads it is timed like any other, and the plan gives eager's gradients."""
+    torch.manual_seed(0)
+    with caplog.at_level(logging.INFO, logger="remat_pass.op_timing"):
+        problem = trace_step(WithConstant(), torch.randn(64, 16), costs="measure").problem
+    assert problem.costs == "measure" and "roofline instead" not in caplog.text
+    assert _op(problem, "mul.").recompute_seconds > 0
+    model, inputs = WithConstant(), (torch.randn(64, 16),)
+    expected = eager_reference(model, inputs, lambda loss, *_: loss)
+    optimized = remat_pass.optimize(model, budget=0.3, costs="measure", example_inputs=inputs)
+    actual = run_step(model, optimized, inputs, lambda loss, *_: loss)
+    assert torch.equal(actual.loss, expected.loss)
+    for name, grad in expected.grads.items():
+        assert torch.equal(actual.grads[name], grad), name
+
+
 def _gpt_case():
     torch.manual_seed(0)
     model = GPTWithLoss(GPTConfig(vocab_size=64, seq_len=32, layers=2, hidden=32, heads=2, dropout=0.1))
