@@ -46,7 +46,8 @@ logger = logging.getLogger(__name__)
 # Backward steps with rows by default: the ones whose fixed memory (working bytes, what they read,
 # the outputs) is highest. On the built-in GPT-style model (4 layers h64, 349 steps; CP-SAT) 8 and 30
 # steps bound 0.667 of per-block checkpointing's recompute at its peak (0.7 s, 1.2 s), 48 and all 349
-# steps 0.688 (1.6 s, 18 s), the planner's optimum (one recomputation per value) being 0.708.
+# steps 0.688 (1.6 s, 18 s), the planner's optimum (one recomputation per value) being 0.708
+# (``python -m benchmarks.peak_optimality --model gpt --schedule-steps N`` gives the bound at N steps).
 DEFAULT_STEPS = 48
 # The peak planner's answer's bound (``any_schedule_bound_by``) is not tried with less than this left,
 # nor with less than this per value: its quick model (below) takes ~2 ms a value to build and solve (the
