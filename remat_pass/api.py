@@ -29,7 +29,8 @@ from remat_pass.solvers.problem import Plan
 
 from .budget import parse_budget
 from .capture import capture_failure
-from .compat import recompile_limit, recompile_limit_errors
+from .capture_errors import CaptureCause
+from .compat import checkpoint_side_effects_run_once, recompile_limit, recompile_limit_errors
 from .costs import CostModel, DeviceProfile, model_profile
 from .distributed import reject_wrapped_model
 from .dynamo_backend import RematBackend
@@ -186,7 +187,25 @@ class RematModule(nn.Module):
 
     def _run_compiled(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
-            return self._compiled(*args, **kwargs)
+            return self._call_compiled(args, kwargs)
+        except CaptureError as error:
+            if not _is_first_call_lock(error) or getattr(self, "_warmed_up", False):
+                raise
+        # Hugging Face models install their output-capturing hooks under a threading lock on the
+        # first forward, which dynamo cannot trace; one forward without grad installs them. Safe:
+        # buffers and RNG state are restored, and nothing is recorded for backward.
+        object.__setattr__(self, "_warmed_up", True)
+        logger.warning("%s: forward entered a threading lock, which dynamo cannot trace (Hugging Face models "
+                       "install hooks under one on their first call): ran one warm-up forward under no_grad "
+                       "(buffers and RNG state restored) and capturing again", type(self.module).__name__)
+        with untouched(self.module, (args, kwargs)), torch.no_grad():
+            self.module(*args, **kwargs)
+        return self._call_compiled(args, kwargs)
+
+    def _call_compiled(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        try:
+            with checkpoint_side_effects_run_once():
+                return self._compiled(*args, **kwargs)
         except torch._dynamo.exc.BackendCompilerFailed as error:
             cause = getattr(error, "inner_exception", None) or error.__cause__
             if isinstance(cause, RematError):
@@ -249,6 +268,11 @@ class RematModule(nn.Module):
 
     def extra_repr(self) -> str:
         return repr(self._backend)
+
+
+def _is_first_call_lock(error: CaptureError) -> bool:
+    diagnosis = getattr(error, "diagnosis", None)
+    return diagnosis is not None and diagnosis.cause is CaptureCause.LOCK
 
 
 def _warn_graph_breaks(budget: object, pieces: int) -> None:

@@ -25,7 +25,7 @@ import torch
 from torch import fx
 
 from .capture_errors import capture_failure
-from .compat import PartitionerBase, has_custom_partitioner, use_boxed_codegen
+from .compat import PartitionerBase, checkpoint_side_effects_run_once, has_custom_partitioner, use_boxed_codegen
 from .errors import CaptureError
 from .state import untouched
 
@@ -191,7 +191,8 @@ def capture(model: torch.nn.Module, example_inputs: Sequence[Any],
 
     compiled = torch.compile(model, backend=make_dynamo_backend(record), dynamic=False)
     try:
-        with untouched(model, (example_inputs, example_kwargs)), torch.enable_grad():
+        with untouched(model, (example_inputs, example_kwargs)), torch.enable_grad(), \
+                checkpoint_side_effects_run_once():
             compiled(*example_inputs, **(example_kwargs or {}))
     except torch._dynamo.exc.TorchDynamoException as error:
         raise capture_failure(error) from error

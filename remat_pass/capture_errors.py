@@ -28,6 +28,7 @@ class CaptureCause(str, Enum):
     """The recognized reasons a forward cannot be captured as one graph."""
 
     LOCK = "lock"
+    CHECKPOINT_SIDE_EFFECT = "checkpoint_side_effect"
     REQUIRES_GRAD_SET = "requires_grad_set"
     RNN = "rnn"
     LAYERDROP = "layerdrop"
@@ -46,12 +47,25 @@ class _Rule:
 
 _RULES: tuple[_Rule, ...] = (
     _Rule(
+        CaptureCause.CHECKPOINT_SIDE_EFFECT,
+        re.compile(r"Unsafe side effect|skip_fwd_side_effects_in_bwd_under_checkpoint"),
+        "a checkpointed region's forward changes Python state outside the region (transformers 5.2x's hub "
+        "kernel wrapper does, in every attention layer of a model with gradient_checkpointing_enable()), "
+        "which Dynamo refuses because eager checkpointing would run it again in backward. remat_pass never "
+        "runs Python code again in backward: `optimize` and `plan` trace with "
+        "`torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True` where torch has the "
+        "flag; with `torch.compile(..., backend=remat_pass.backend(...))` set it yourself before the first "
+        "call; a torch without the flag (this error from `optimize`) needs an upgrade.",
+    ),
+    _Rule(
         CaptureCause.LOCK,
         re.compile(r"context manager.*\block\b|\bR?Lock\b|with [\w.]*lock\w*\s*:", re.IGNORECASE | re.DOTALL),
         "forward enters a threading lock, which Dynamo cannot trace. Hugging Face models take one the first "
         "time they install their output-capturing hooks (e.g. Mixtral with output_router_logits, Wav2Vec2): "
         "warm up with one forward before optimizing, e.g. `with torch.no_grad(): model(**batch)`; the hooks "
-        "are then installed and the lock is no longer entered.",
+        "are then installed and the lock is no longer entered. `optimize` does that warm-up itself once: "
+        "from it, this means forward takes the lock on every call; move the lock out of forward, or plan "
+        f"the pieces around it: {_BACKEND_ADVICE}.",
     ),
     _Rule(
         CaptureCause.REQUIRES_GRAD_SET,

@@ -9,9 +9,10 @@ checked in one file, and each shim says what it guards. The project is tested on
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
-from typing import Any, Callable, Sequence, TypeVar
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import torch
 from torch import fx
@@ -70,6 +71,29 @@ def recompile_limit() -> int:
 
     config = torch._dynamo.config
     return getattr(config, "recompile_limit", None) or config.cache_size_limit
+
+
+@contextlib.contextmanager
+def checkpoint_side_effects_run_once() -> Iterator[None]:
+    """Let dynamo trace a checkpoint region whose forward mutates Python state from outside it.
+
+    Eager ``torch.utils.checkpoint`` replays a region's Python side effects when it recomputes
+    the region in backward, so dynamo refuses such a region ("HOP: Unsafe side effect") and
+    breaks the graph there, unless ``skip_fwd_side_effects_in_bwd_under_checkpoint`` says the
+    side effects run once. remat_pass recomputes graph ops only, never Python code, so under it
+    every region's Python side effects run once per step anyway; this just stops dynamo from
+    breaking the graph over it. Needed since transformers 5.2x: its hub-kernel wrapper
+    (``kernels``) sets and resets a context variable in every attention forward, so every
+    ``gradient_checkpointing_enable()`` layer was a graph break. Older torch lacks the flag.
+    """
+    import torch._dynamo.config
+
+    config = torch._dynamo.config
+    if not hasattr(config, "skip_fwd_side_effects_in_bwd_under_checkpoint"):
+        yield
+        return
+    with config.patch(skip_fwd_side_effects_in_bwd_under_checkpoint=True):
+        yield
 
 
 def last_recompile_reason() -> str | None:

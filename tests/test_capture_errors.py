@@ -3,6 +3,7 @@ and, for the causes real models hit, say what to do; following the advice then w
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import threading
@@ -44,6 +45,16 @@ class LazyHooksUnderALock(nn.Module):
         if not self.hooks_installed:
             with _HOOK_LOCK:
                 self.hooks_installed = True
+        return self.fc(x).tanh()
+
+
+class LocksOnEveryCall(LazyHooksUnderALock):
+    """Takes the lock on every call: a warm-up does not help, so the advice is all there is."""
+
+    @entry_decorator
+    def forward(self, x):
+        with _HOOK_LOCK:
+            self.hooks_installed = True
         return self.fc(x).tanh()
 
 
@@ -101,7 +112,7 @@ def _capture_error(model, x) -> CaptureError:
 
 
 CASES = [
-    (LazyHooksUnderALock, "with _HOOK_LOCK:", CaptureCause.LOCK, "warm up with one forward"),
+    (LocksOnEveryCall, "with _HOOK_LOCK:", CaptureCause.LOCK, "takes the lock on every call"),
     (SetsRequiresGrad, "h.requires_grad = True", CaptureCause.REQUIRES_GRAD_SET, "freeze_feature_encoder()"),
     (Recurrent, "return self.rnn(x)", CaptureCause.RNN, "allow_rnn = True"),
     (NonzeroRouting, "for expert in torch.nonzero", CaptureCause.DATA_DEPENDENT, "remat_pass.backend"),
@@ -132,6 +143,51 @@ def test_following_the_lock_advice_warm_up_once_then_optimize():
     loss = lambda out, *_: out.sum()  # noqa: E731
     expected = eager_reference(model, (x,), loss)
     assert_same_step(run_step(model, remat_pass.optimize(model, budget=0.5), (x,), loss), expected)
+
+
+def test_optimize_warms_up_a_first_call_lock_itself(caplog):
+    """Mixtral-style: hooks installed under a lock on the first call; optimize runs the warm-up."""
+    torch.manual_seed(0)
+    model, x = LazyHooksUnderALock(), torch.randn(3, 4)
+    loss = lambda out, *_: out.sum()  # noqa: E731
+    expected = eager_reference(copy.deepcopy(model), (x,), loss)
+    with caplog.at_level("WARNING", logger="remat_pass.api"):
+        actual = run_step(model, remat_pass.optimize(model, budget=0.5), (x,), loss)
+    assert_same_step(actual, expected)
+    assert model.hooks_installed and any("warm-up forward" in r.getMessage() for r in caplog.records)
+
+
+class SideEffectInCheckpoint(nn.Module):
+    """A checkpointed block whose forward sets and resets outside state, as transformers 5.2x's hub
+    kernel wrapper does around every attention forward (a graph break per layer before)."""
+
+    active: list[object] = []
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Linear(8, 8) for _ in range(2))
+
+    def _block(self, block, x):
+        SideEffectInCheckpoint.active.append(block)
+        try:
+            return torch.tanh(block(x))
+        finally:
+            SideEffectInCheckpoint.active.pop()
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = torch.utils.checkpoint.checkpoint(self._block, block, x, use_reentrant=False)
+        return x
+
+
+def test_a_checkpoint_region_with_python_side_effects_is_one_graph():
+    torch.manual_seed(0)
+    model, x = SideEffectInCheckpoint(), torch.randn(4, 8)
+    loss = lambda out, *_: out.square().sum()  # noqa: E731
+    expected = eager_reference(model, (x,), loss)
+    optimized = remat_pass.optimize(model, budget=0.5)  # fullgraph: a break would raise
+    assert_same_step(run_step(model, optimized, (x,), loss), expected)
+    assert len(optimized.pieces) == 1 and not SideEffectInCheckpoint.active
 
 
 def test_following_the_rnn_advice_allow_rnn():
