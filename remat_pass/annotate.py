@@ -254,6 +254,8 @@ def _make_value(
     val = node.meta.get("val")
     available = (node.op in ("placeholder", "get_attr") and not charged) or _is_symbolic(val)
     tags = set(_op_tags(node)) | checkpoint_tags(node)
+    if charged:
+        tags.add(Tag.PIECE_INPUT)
     is_tensor = isinstance(val, torch.Tensor)
     if is_tensor:
         aliases_input = any(

@@ -21,12 +21,13 @@ class BudgetInfeasibleError(RematError, ValueError):
     """
 
     def __init__(self, budget_bytes: int, min_bytes: int, keep_all_bytes: int, kind: str = "saved", *,
-                 proven_min_bytes: int | None = None) -> None:
+                 proven_min_bytes: int | None = None, input_bytes: int = 0) -> None:
         self.budget_bytes = budget_bytes
         self.min_bytes = min_bytes
         self.keep_all_bytes = keep_all_bytes
         self.kind = kind
         self.proven_min_bytes = proven_min_bytes
+        self.input_bytes = input_bytes
         fraction = min_bytes / keep_all_bytes if keep_all_bytes else 0.0
         if kind == "peak":
             floor = ("" if proven_min_bytes is None else
@@ -36,6 +37,15 @@ class BudgetInfeasibleError(RematError, ValueError):
                 f"no plan found whose simulated peak fits the budget of {budget_bytes} bytes: the lowest peak "
                 f"remat_pass found for this graph is {min_bytes} bytes ({fraction:.4f} of the {keep_all_bytes}-byte "
                 f"peak of the un-rematerialized step).{floor} Pass budget={min_bytes} or more."
+            )
+        elif input_bytes:  # a graph piece: a fraction is of what it keeps beyond its own inputs
+            reducible = keep_all_bytes - input_bytes
+            fraction = (min_bytes - input_bytes) / reducible if reducible > 0 else 0.0
+            message = (
+                f"budget of {budget_bytes} bytes cannot be met: the smallest feasible budget for this graph is "
+                f"{min_bytes} bytes: its own inputs ({input_bytes} bytes, kept in every plan) and "
+                f"{fraction:.4f} of the {reducible} bytes the un-rematerialized step keeps beyond them. Pass "
+                f"budget={min_bytes} or budget={_ceil_fraction(fraction)} or more."
             )
         else:
             message = (

@@ -22,6 +22,7 @@ class Tag(enum.StrEnum):
     DROPOUT_REPLAY = "dropout_replay"  # a dropout output rebuilt from its input and kept mask
     COLLECTIVE = "collective"  # communication over a process group: never run twice
     CHECKPOINTED = "checkpointed"  # recomputed by the model's own checkpointing (remat_pass.baseline)
+    PIECE_INPUT = "piece_input"  # an input of a graph piece, charged when kept: keepable, never recomputed
 
 
 __all__ = ["Tag"]
