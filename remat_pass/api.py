@@ -189,14 +189,14 @@ class RematModule(nn.Module):
         try:
             return self._call_compiled(args, kwargs)
         except CaptureError as error:
-            if not _is_first_call_lock(error) or getattr(self, "_warmed_up", False):
+            if not _is_first_call_setup(error) or getattr(self, "_warmed_up", False):
                 raise
-        # Hugging Face models install their output-capturing hooks under a threading lock on the
-        # first forward, which dynamo cannot trace; one forward without grad installs them. Safe:
-        # buffers and RNG state are restored, and nothing is recorded for backward.
+        # Hugging Face models install their output-capturing hooks (under a threading lock) on the
+        # first forward that asks for them, which dynamo cannot trace; one forward without grad
+        # installs them. Safe: buffers and RNG state are restored, nothing is recorded for backward.
         object.__setattr__(self, "_warmed_up", True)
-        logger.warning("%s: forward entered a threading lock, which dynamo cannot trace (Hugging Face models "
-                       "install hooks under one on their first call): ran one warm-up forward under no_grad "
+        logger.warning("%s: forward enters a lock or registers hooks, which dynamo cannot trace (Hugging Face "
+                       "models install hooks on their first call): ran one warm-up forward under no_grad "
                        "(buffers and RNG state restored) and capturing again", type(self.module).__name__)
         with untouched(self.module, (args, kwargs)), torch.no_grad():
             self.module(*args, **kwargs)
@@ -270,9 +270,13 @@ class RematModule(nn.Module):
         return repr(self._backend)
 
 
-def _is_first_call_lock(error: CaptureError) -> bool:
+# What a model does once, on its first call, that dynamo cannot trace; a warm-up forward does it.
+_FIRST_CALL_SETUP = frozenset({CaptureCause.LOCK, CaptureCause.HOOK_INSTALL})
+
+
+def _is_first_call_setup(error: CaptureError) -> bool:
     diagnosis = getattr(error, "diagnosis", None)
-    return diagnosis is not None and diagnosis.cause is CaptureCause.LOCK
+    return diagnosis is not None and diagnosis.cause in _FIRST_CALL_SETUP
 
 
 def _warn_graph_breaks(budget: object, pieces: int) -> None:

@@ -29,6 +29,7 @@ class CaptureCause(str, Enum):
 
     LOCK = "lock"
     CHECKPOINT_SIDE_EFFECT = "checkpoint_side_effect"
+    HOOK_INSTALL = "hook_install"
     REQUIRES_GRAD_SET = "requires_grad_set"
     RNN = "rnn"
     LAYERDROP = "layerdrop"
@@ -66,6 +67,15 @@ _RULES: tuple[_Rule, ...] = (
         "are then installed and the lock is no longer entered. `optimize` does that warm-up itself once: "
         "from it, this means forward takes the lock on every call; move the lock out of forward, or plan "
         f"the pieces around it: {_BACKEND_ADVICE}.",
+    ),
+    _Rule(
+        CaptureCause.HOOK_INSTALL,
+        re.compile(r"RemovableHandle|register_(full_backward_|forward_)(pre_)?hook"),
+        "forward registers module hooks, which Dynamo cannot trace. Hugging Face models install their "
+        "output-capturing hooks on the first call that asks for extra outputs (Mixtral with "
+        "output_router_logits=True): warm up with one forward first, e.g. `with torch.no_grad(): "
+        "model(**batch)`. `optimize` does that warm-up itself once: from it, this means forward registers "
+        f"hooks on every call; register them once, outside forward, or {_BACKEND_ADVICE}.",
     ),
     _Rule(
         CaptureCause.REQUIRES_GRAD_SET,
