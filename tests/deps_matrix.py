@@ -2,8 +2,9 @@
 
 CI installs the newest versions the pyproject allows, as a user does; this is the other end of
 the range, and the check to run before widening a cap (dependency drift is how a fresh install
-went red with transformers 5.25). Each version goes into its own ``pip install --target``
-folder put first on ``PYTHONPATH``, so the project's environment is not changed::
+went red with transformers 5.25). Each version gets a fresh venv of its own (the running torch's
+release, the project editable with its test extra, that transformers), so the project's
+environment is not changed; a few minutes a version::
 
     python -m tests.deps_matrix                 # oldest and newest allowed transformers
     python -m tests.deps_matrix --versions 5.3.0 -- -x   # one version; pytest arguments after --
@@ -16,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import re
 import subprocess
 import sys
@@ -53,19 +53,29 @@ def newest_allowed(requirement: str, low: str, high: str) -> str:
 
 
 def run_version(version: str, pytest_args: list[str]) -> bool:
-    """Install transformers==version in a folder of its own and run the HF tests with it first."""
-    with tempfile.TemporaryDirectory(prefix=f"transformers-{version}-") as target:
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--target", target,
-                        f"transformers=={version}"], check=True)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([target, os.environ.get("PYTHONPATH", "")])}
-        probe = subprocess.run([sys.executable, "-c", "import transformers; print(transformers.__version__)"],
-                               env=env, capture_output=True, text=True, check=True).stdout.strip()
+    """A fresh venv with this torch, the project and transformers==version; the HF tests in it.
+
+    A venv of its own, not a folder on PYTHONPATH: another release's dependencies left beside it
+    break it in ways no user's install would (transformers 5.0 imports whatever ``kernels`` is
+    installed, and the one 5.25 brings is not its API).
+    """
+    import torch
+
+    with tempfile.TemporaryDirectory(prefix=f"transformers-{version}-") as folder:
+        venv = Path(folder) / "venv"
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        python = str(venv / "bin" / "python")
+        pip = [python, "-m", "pip", "install", "--quiet"]
+        subprocess.run([*pip, f"torch=={torch.__version__.split('+')[0]}"], check=True)  # the CPU wheel first
+        subprocess.run([*pip, "-e", f"{ROOT}[test]", f"transformers=={version}"], check=True)
+        probe = subprocess.run([python, "-c", "import transformers; print(transformers.__version__)"],
+                               capture_output=True, text=True, check=True).stdout.strip()
         if probe != version:
             raise SystemExit(f"asked for transformers {version}, the tests would import {probe}")
         tests = [str(ROOT / "tests" / name) for name in HF_TESTS]
         logger.info("transformers %s: %s", version, " ".join(HF_TESTS))
-        return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests,
-                               *pytest_args], env=env, cwd=ROOT).returncode == 0
+        return subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests, *pytest_args],
+                              cwd=ROOT).returncode == 0
 
 
 def main(argv: list[str] | None = None) -> int:
