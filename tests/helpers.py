@@ -76,3 +76,16 @@ def optimize_and_step(model: nn.Module, inputs, loss_fn, budget: float | int, fa
         on_retry()
         optimized = remat_pass.optimize(model, budget=error.min_bytes, budget_kind="saved")
         return optimized, run_step(model, optimized, inputs, loss_fn), error.min_bytes
+
+
+def set_hf_checkpointing(model: nn.Module, enabled: bool) -> None:
+    """Hugging Face's own per-layer checkpointing on or off, non-reentrant, by whichever name the
+    installed transformers has (``activation_checkpointing_*`` replaced ``gradient_checkpointing_*``
+    within the 5.x range the pyproject allows)."""
+    new = hasattr(model, "activation_checkpointing_enable")
+    if not enabled:
+        (model.activation_checkpointing_disable if new else model.gradient_checkpointing_disable)()
+    elif new:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

@@ -27,6 +27,8 @@ from remat_pass.flops import extra_flop_formulas
 from remat_pass.measure import peak_activation_bytes, saved_activation_bytes
 from remat_pass.solvers import baselines
 
+from .helpers import set_hf_checkpointing
+
 transformers = pytest.importorskip("transformers")
 
 VOCAB, LAYERS, SHAPE = 64, 3, (2, 12)
@@ -86,10 +88,7 @@ def _torch_checkpointing(model: _LossOf, tokens: torch.Tensor) -> dict[str, int]
         return counter.get_total_flops()
 
     plain = flops()
-    if hasattr(model.model, "activation_checkpointing_enable"):  # transformers >= 5.x
-        model.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    else:
-        model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    set_hf_checkpointing(model.model, True)
     keyword: dict[int, int] = {}
     excluded = {t.untyped_storage().data_ptr() for t in outside}
 

@@ -23,7 +23,7 @@ from benchmarks.hf_families import FAMILIES, family_model
 from benchmarks.models import LossOf
 from benchmarks.vs_checkpoint import measured_step
 
-from .helpers import assert_same_step, eager_reference, optimize_and_step
+from .helpers import assert_same_step, eager_reference, optimize_and_step, set_hf_checkpointing
 from .zoo_models import VOCAB, _LogitsOf, _lm_loss  # the zoo's wrapper and loss, shared
 
 pytest.importorskip("transformers")
@@ -68,9 +68,9 @@ def test_family_at_checkpointings_peak(name):
     model = LossOf(family_model(name, layers=3, hidden=32, seq=SEQ, vocab=VOCAB, heads=4),
                    torch.randint(0, VOCAB, (BATCH, SEQ))).train()
     eager = measured_step(model, model, tokens)
-    model.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    set_hf_checkpointing(model.model, True)
     budget = measured_step(model, model, tokens)["peak_bytes"]
-    model.model.activation_checkpointing_disable()
+    set_hf_checkpointing(model.model, False)
 
     optimized = remat_pass.optimize(model, budget, budget_kind="peak", solver="ilp_peak", costs="flops",
                                     time_limit=15, example_inputs=(tokens,))
