@@ -10,7 +10,7 @@ dropout so that every gradient is comparable), the loss inside the module, one t
 * ``peak@checkpoint``: remat_pass with a peak budget equal to ``checkpoint``'s *measured* peak.
 
 ``--any-schedule-seconds S`` adds, to the ``peak@checkpoint`` row, a proven lower bound on the
-FLOPs that *any* recompute schedule fitting that budget recomputes (``solvers.schedule_bound``,
+FLOPs that *any* recompute schedule fitting that budget recomputes (``solvers.peak.schedule_bound``,
 multiple recomputation included; the step priced by FLOPs alone, CP-SAT for ``S`` seconds):
 the floor no recompute-only planner can go under, to read the row's FLOPs against.
 
@@ -34,9 +34,9 @@ from torch import nn
 
 import remat_pass
 from remat_pass.measure import peak_activation_bytes
-from remat_pass.solvers._mip import backend_works
+from remat_pass.solvers.mip.solve import backend_works
 from remat_pass.solvers.problem import Problem
-from remat_pass.solvers.schedule_bound import any_schedule_bound
+from remat_pass.solvers.peak.schedule_bound import any_schedule_bound
 
 from .metrics import dispatch_flops, executed_flops
 from .hf_families import FAMILIES

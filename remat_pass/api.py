@@ -306,7 +306,7 @@ def optimize(
     budget the peak planner answers within it when a plan fits: its searches get the first four
     fifths, making cheaper plans that overshoot fit (giving up kept values, or refreshing
     recomputed ones) the next tenth, and, when its own bound leaves the answer open, the lower
-    bound for any schedule (``solvers.schedule_bound``) the last. A model build or simulation
+    bound for any schedule (``solvers.peak.schedule_bound``) the last. A model build or simulation
     already started is not interrupted, so a deep model may run a little past it. When nothing
     fits, a fixed probe of the trade-off curve follows, so that the smallest budget the error
     states is one a plan was found for. Measured at a 60 s limit: 60.1-60.7 s on a 12- to

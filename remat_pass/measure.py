@@ -6,7 +6,7 @@ alive anyway; that is the same line the planner draws with "available" values.
 
 ``allocator_peak`` (and its shorthands ``peak_activation_bytes``, ``held_bytes``) is the third of
 the three memory accounts, the measurement: what the allocator really did. The other two are
-predictions: ``solvers.memory.simulate_plan`` (``PlanMemory``, the plan-level model the planners
+predictions: ``solvers.analysis.memory.simulate_plan`` (``PlanMemory``, the plan-level model the planners
 use) and ``remat_pass.simulate.simulate`` (``GraphMemory``, an independent replay of the rewritten
 graphs). The tests and the benchmarks both measure with this module.
 """

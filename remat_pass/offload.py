@@ -1,6 +1,6 @@
 """Emit a plan's offloads into the rewritten graphs, with PyTorch's own offload ops.
 
-Each offloaded storage (``Plan.offloaded``; ``solvers.offload`` says when its transfers run) is
+Each offloaded storage (``Plan.offloaded``; ``solvers.analysis.transfers`` says when its transfers run) is
 saved for backward through its base tensor, the op that allocated it, and becomes four nodes:
 
 * forward: ``host = ao.offload(base)`` right after ``base`` is made (the send starts as soon
@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from remat_pass.solvers.offload import Transfer, storage_creators, transfer_schedule
+from remat_pass.solvers.analysis.transfers import Transfer, storage_creators, transfer_schedule
 from remat_pass.solvers.problem import Plan, Problem
 
 from .errors import RematError

@@ -49,7 +49,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from remat_pass.solvers.memory import simulate_plan
+from remat_pass.solvers.analysis.memory import simulate_plan
 from remat_pass.solvers.problem import Plan, Problem
 from remat_pass.solvers.status import CLOSED_GAP, Status, relative_gap
 

@@ -1,6 +1,6 @@
 """The graph-level memory replay: the live-bytes timeline of one training step from its two graphs.
 
-This is the independent check of the plan-level model (``solvers.memory.simulate_plan``,
+This is the independent check of the plan-level model (``solvers.analysis.memory.simulate_plan``,
 ``PlanMemory``), which the planners use: the pipeline replays every rewritten pair of graphs
 here and re-plans where the two disagree. The third account, what the allocator really did,
 is measured by ``remat_pass.measure.allocator_peak``.

@@ -146,8 +146,8 @@ class Plan:
     ``kept`` holds the non-available values saved for backward on the device; available values
     backward or a recomputation reads are implicit. ``offloaded`` holds values saved for
     backward in host memory (sent over the host link in forward, fetched back before backward
-    needs them; ``solvers.offload``): a storage is either kept or offloaded, never both.
-    ``refreshed`` (multiple recomputation, ``solvers.refresh``): recomputed values made again in
+    needs them; ``solvers.analysis.transfers``): a storage is either kept or offloaded, never both.
+    ``refreshed`` (multiple recomputation, ``solvers.peak.multiple_recompute``): recomputed values made again in
     each backward step that needs them instead of held; priced once per time made.
     Invalid plans cannot be built: see ``check``.
     """
@@ -186,7 +186,7 @@ class Plan:
                 raise ValueError(f"{values[i].name!r} is recomputed but must not be (random op or side effect)")
         self._check_offloaded()
         if self.refreshed:
-            from .refresh import check_refreshed
+            from .peak.multiple_recompute import check_refreshed
 
             check_refreshed(self)
         have = self.kept | self.recomputed | self.offloaded
@@ -216,7 +216,7 @@ class Plan:
         """How many times backward makes each recomputed value (``memory.materializations``)."""
         if not self.refreshed:
             return dict.fromkeys(self.recomputed, 1)
-        from .memory import materializations
+        from .analysis.memory import materializations
 
         return materializations(self.problem, self)
 
@@ -238,10 +238,10 @@ class Plan:
 
     @property
     def exposed_transfer_seconds(self) -> float:
-        """Predicted transfer time not hidden behind compute (``solvers.offload``'s link model)."""
+        """Predicted transfer time not hidden behind compute (``solvers.analysis.transfers``'s link model)."""
         if not self.offloaded:
             return 0.0
-        from .offload import transfer_schedule
+        from .analysis.transfers import transfer_schedule
 
         return transfer_schedule(self.problem, self).exposed_seconds
 

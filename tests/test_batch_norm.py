@@ -13,7 +13,7 @@ from remat_pass.capture import capture
 from remat_pass.measure import peak_activation_bytes
 from remat_pass.rewrite import rewrite
 from remat_pass.simulate import simulate
-from remat_pass.solvers.memory import simulate_plan
+from remat_pass.solvers.analysis.memory import simulate_plan
 
 from .helpers import eager_reference, run_step
 from .models import make_case

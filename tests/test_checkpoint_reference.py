@@ -137,7 +137,7 @@ def test_per_block_is_torch_checkpointing(name: str) -> None:
 
 @pytest.mark.parametrize("name", [pytest.param("gpt2", marks=slow), "llama", pytest.param("bert", marks=slow)])
 def test_chen_sqrt_is_segmented_and_peaks_below_keep_all(name: str) -> None:
-    from remat_pass.solvers.memory import simulate_plan
+    from remat_pass.solvers.analysis.memory import simulate_plan
 
     model, tokens = _case(name)
     problem = annotate(capture(model, (tokens,))[0]).problem

@@ -19,7 +19,7 @@ from remat_pass import plan_cache as plan_cache_module
 from remat_pass.budget import Budget
 from remat_pass.pipeline import PlanOptions, plan_problem
 from remat_pass.plan_cache import PlanCache
-from remat_pass.solvers.memory import simulate_plan
+from remat_pass.solvers.analysis.memory import simulate_plan
 from remat_pass.solvers.problem import BackwardStep, Plan, Problem, Value
 from remat_pass.solvers.status import Status
 

@@ -7,7 +7,7 @@ import logging
 import time
 
 import pytest
-from remat_pass.solvers import _mip
+from remat_pass.solvers.mip import solve as _mip
 from remat_pass.solvers.problem import Problem, Value
 
 from remat_pass import progress, solvers

@@ -16,9 +16,9 @@ from remat_pass.examples import GPTConfig
 from remat_pass.measure import peak_activation_bytes
 from remat_pass.rewrite import rewrite
 from remat_pass.simulate import simulate
-from remat_pass.solvers.memory import materializations, simulate_plan
+from remat_pass.solvers.analysis.memory import materializations, simulate_plan
 from remat_pass.solvers.problem import BackwardStep, Plan, Problem, Value
-from remat_pass.solvers.refresh import refresh_to_fit, refreshable_storages
+from remat_pass.solvers.peak.multiple_recompute import refresh_to_fit, refreshable_storages
 
 from .helpers import assert_same_step, eager_reference, run_step
 from .models import GPTWithLoss

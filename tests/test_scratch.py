@@ -15,7 +15,7 @@ from remat_pass.measure import allocator_peak, peak_activation_bytes
 from remat_pass.rewrite import rewrite
 from remat_pass.scratch import estimated_scratch_bytes, kernel_scratch
 from remat_pass.simulate import simulate
-from remat_pass.solvers.memory import simulate_plan
+from remat_pass.solvers.analysis.memory import simulate_plan
 from remat_pass.solvers.problem import BackwardStep, Problem, Value
 from remat_pass.tracing import trace_step
 

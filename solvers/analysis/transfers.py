@@ -36,10 +36,10 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 
-from ._graph import effectively_recomputable, relevant_values
+from .graph_facts import effectively_recomputable, relevant_values
 from .memory import backward_lifetimes, forward_computed, backward_steps_of, read_spans
-from .problem import Plan, Problem
-from .tags import Tag
+from ..problem import Plan, Problem
+from ..tags import Tag
 
 
 @dataclass(frozen=True)

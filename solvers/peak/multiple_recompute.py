@@ -1,6 +1,6 @@
 """Multiple recomputation: refresh recomputed storages that a plan holds across its peak.
 
-A recomputed value is held from its first backward use to its last (``solvers.memory``). When
+A recomputed value is held from its first backward use to its last (``solvers.analysis.memory``). When
 those uses are far apart, the value sits in memory across backward steps that never read it:
 a block's normalized input, made to rebuild the MLP's input and read again only by the
 attention's weight gradients; a copy of the attention output made for the output projection's
@@ -11,7 +11,7 @@ usually pointwise ops whose inputs are alive anyway: refreshing them is almost f
 ``refresh_to_fit`` is a greedy pass over a finished plan: while the simulated peak is over the
 budget, it refreshes the storage whose refreshing lowers the peak step's live bytes at the least
 added recompute time per byte, and stops when the plan fits or nothing alive at the peak helps.
-The ILP does not choose refreshes itself; ``solvers.peak`` runs this pass on plans that overshoot.
+The ILP does not choose refreshes itself; ``solvers.peak.planner`` runs this pass on plans that overshoot.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import dataclasses
 import logging
 import time
 
-from .memory import PlanMemory, backward_lifetimes, simulate_plan
-from .problem import Plan, Problem
+from ..analysis.memory import PlanMemory, backward_lifetimes, simulate_plan
+from ..problem import Plan, Problem
 
 logger = logging.getLogger(__name__)
 

@@ -1,13 +1,13 @@
 """CP-SAT (OR-Tools) as a backend for PuLP models whose variables are all integral.
 
-The peak planner's exact rows (``solvers.exact_rows``) make a 0/1 model whose LP relaxation is
+The peak planner's exact rows (``solvers.peak.exact_rows``) make a 0/1 model whose LP relaxation is
 weak: on the h64 GPT-style model's first exact round HiGHS's bound was still 19% under the
 optimum after 40 s, where CP-SAT (clause learning, many strategies in parallel) proves it in
 0.2 s (``python -m benchmarks.cpsat_workers``). CP-SAT takes integer variables and integer coefficients only, so a PuLP
 model is translated here, with everything that could make its answer wrong handled explicitly:
 
 * a continuous variable is taken as an integer only when the model's builder declared it
-  *implied integral* (``_mip.fraction``, ``_mip.implied_integral``: a max of 0/1 literals, or
+  *implied integral* (``mip.solve.fraction``, ``mip.solve.implied_integral``: a max of 0/1 literals, or
   forced both ways by them); any other continuous variable is refused (``SolverError``);
 * rows must have integer coefficients (byte units do): a row that does not is refused rather
   than rounded;
@@ -16,7 +16,7 @@ model is translated here, with everything that could make its answer wrong handl
   objective; "optimal" is claimed only when the scaling was exact, else the run is "feasible"
   with that bound (the planners call a plan optimal when its gap to the bound is negligible).
 
-The solution's objective is recomputed from the model's own coefficients (``_mip.run_mip``
+The solution's objective is recomputed from the model's own coefficients (``mip.solve.run_mip``
 checks it like any backend's). OR-Tools is a dependency of remat_pass (``pip install ortools``).
 """
 
@@ -27,8 +27,8 @@ import time
 
 import pulp
 
-from ._attempt import Attempt, model_rows
-from .errors import SolverError
+from .backend_run import Attempt, model_rows
+from ..errors import SolverError
 
 # The largest objective coefficient is scaled to about this many units (the rounding error of
 # each term is under one unit, so about 1e-12 of it).

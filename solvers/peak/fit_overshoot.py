@@ -1,9 +1,9 @@
 """Plans that overshoot a peak budget but are cheaper than the best that fits, made to fit.
 
-The peak planner's MIPs (``solvers.peak``) see the peak through relaxed or conservative rows,
+The peak planner's MIPs (``solvers.peak.planner``) see the peak through relaxed or conservative rows,
 so many of their plans are cheap and a few percent over the budget. Two repairs, both judged
 by the simulator: give up kept values alive at the peak (``local_search.repair``), or make held
-recomputed values again for each step that reads them (``refresh.refresh_to_fit``). On deep
+recomputed values again for each step that reads them (``multiple_recompute.refresh_to_fit``). On deep
 models this is where the plans that beat per-block checkpointing come from: there the rounds
 of cuts take ~10 s a solve (a 12-layer GPT, 1000 values) and end over the budget.
 """
@@ -14,9 +14,9 @@ import logging
 import time
 
 from .local_search import improve, repair
-from .memory import PlanMemory, simulate_plan
-from .problem import Plan, Problem
-from .refresh import refresh_to_fit
+from ..analysis.memory import PlanMemory, simulate_plan
+from ..problem import Plan, Problem
+from .multiple_recompute import refresh_to_fit
 
 logger = logging.getLogger(__name__)
 

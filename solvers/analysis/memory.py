@@ -11,7 +11,7 @@ graphs themselves; the tests check the two agree):
   caller holds to the end whether kept or not; backward-only tensors (activation gradients)
   are the plan-independent ``BackwardStep.working_bytes``.
 
-An offloaded storage (``solvers.offload``) is on the device from its creation until the
+An offloaded storage (``solvers.analysis.transfers``) is on the device from its creation until the
 forward wait of its send (in-flight sends count), and again from the backward step that issues
 its fetch until its last use; in between it is in host memory, which is not counted here.
 
@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .problem import BackwardStep, Plan, Problem
-from .tags import Tag
+from ..problem import BackwardStep, Plan, Problem
+from ..tags import Tag
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ def _offload_lifetimes(problem: Problem, plan: Plan) -> tuple[dict[int, int], di
     bytes, and the backward step that issues its fetch (device bytes allocated from then)."""
     if not plan.offloaded:
         return {}, {}
-    from .offload import transfer_schedule
+    from .transfers import transfer_schedule
 
     transfers = transfer_schedule(problem, plan).transfers
     return {t.storage: t.wait_after for t in transfers}, {t.storage: t.reload_step for t in transfers}

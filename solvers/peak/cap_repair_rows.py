@@ -1,6 +1,6 @@
 """Rows added to a saved-bytes cap's ILP where its plan overshoots the peak budget.
 
-The older of ``ilp_peak``'s two row searches (``solvers.peak``): start from the ILP of a
+The older of ``ilp_peak``'s two row searches (``solvers.peak.planner``): start from the ILP of a
 saved-bytes cap whose plan peaks over the budget, and add, where the simulated plan peaks, the
 valid row of that backward step (``add_valid_row``) or, when that row already holds, a no-good
 row against the set of storages alive together there. Rows of the second kind may cut off a
@@ -15,10 +15,10 @@ from collections.abc import Iterator
 
 import pulp
 
-from ._mip import fraction, run_mip
-from ._model import Model, build, plan_from, rounding_for, weights_for
-from .memory import PlanMemory, backward_steps_of, peak_step_alive, read_spans, simulate_plan
-from .problem import Plan, Problem
+from ..mip.solve import fraction, run_mip
+from ..mip.keep_model import Model, build, plan_from, rounding_for, weights_for
+from ..analysis.memory import PlanMemory, backward_steps_of, peak_step_alive, read_spans, simulate_plan
+from ..problem import Plan, Problem
 
 logger = logging.getLogger(__name__)
 

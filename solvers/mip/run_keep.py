@@ -1,8 +1,8 @@
 """One backend run of the keep/recompute model for a problem and a budget, and what it proves.
 
 Every planner that solves the integer program goes through ``solve_once``: it builds the model
-(``_model``), hands the backend a start only when the start satisfies the model's rounded budget
-row, runs it (``_mip.run_mip``, which checks the backend's answer and owns its quirks) and turns
+(``mip.keep_model``), hands the backend a start only when the start satisfies the model's rounded budget
+row, runs it (``mip.solve.run_mip``, which checks the backend's answer and owns its quirks) and turns
 the solution into a valid ``Plan``, checked against the real budget in exact integers.
 
 What the run proves is decided here, once: a bound or an optimality proof is believed only from
@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from ._mip import ABS_GAP, REL_GAP, MipResult, run_mip
-from ._model import Model, Rounding, Weights, build, cap_time, fits, plan_from, start_values
-from .problem import Plan, Problem
+from .solve import ABS_GAP, REL_GAP, MipResult, run_mip
+from .keep_model import Model, Rounding, Weights, build, cap_time, fits, plan_from, start_values
+from ..problem import Plan, Problem
 
 
 class ModelExtension(Protocol):
@@ -77,8 +77,8 @@ def solve_once(
     ``mip=False`` solves the LP relaxation (its objective bounds the MIP). ``extension`` adds to
     the model and reads the plan back. ``time_cap`` (with ``weights``) solves the tie-break
     instead: fewest bytes, then recomputes, among plans whose time is at most ``time_cap`` units
-    (``_model.cap_time``). ``isolate`` runs the backend in a child stopped at the time limit
-    (``_attempt``), as every model that is not well scaled is: for large models on which HiGHS
+    (``mip.keep_model.cap_time``). ``isolate`` runs the backend in a child stopped at the time limit
+    (``mip.backend_run``), as every model that is not well scaled is: for large models on which HiGHS
     has overrun its limit although well scaled (the peak rows of a 12-layer GPT-2: minutes past 20 s).
     """
     model = build(problem, rounding, budget_bytes, None if time_cap is not None else weights)

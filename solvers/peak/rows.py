@@ -1,6 +1,6 @@
 """The peak budget as rows of the keep/recompute ILP: one per backward interval, all valid.
 
-Under the just-in-time schedule (``solvers.memory``) some storages are alive at backward step
+Under the just-in-time schedule (``solvers.analysis.memory``) some storages are alive at backward step
 ``t`` in *every* plan that makes a given choice, whatever else it does:
 
 * a kept value whose last direct backward read is at or after ``t`` (kept from the forward
@@ -30,11 +30,11 @@ from dataclasses import dataclass
 
 import pulp
 
-from ._mip import MipResult, add_row, fraction
-from .cpsat import implied_integral
-from ._model import Model, Rounding, plan_from
-from .memory import backward_steps_of, read_spans, working_while_making
-from .problem import Plan, Problem
+from ..mip.solve import MipResult, add_row, fraction
+from ..mip.cpsat import implied_integral
+from ..mip.keep_model import Model, Rounding, plan_from
+from ..analysis.memory import backward_steps_of, read_spans, working_while_making
+from ..problem import Plan, Problem
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,7 @@ class PeakRows:
     # last direct read (not valid: no bound; see ``kept_until``).
     kept_readers: bool = False
     # Backward steps whose rows are left out (not valid: no bound): the tied copies' steps, which
-    # the representative copy's rows imply once identical blocks are tied (``mirrored``).
+    # the representative copy's rows imply once identical blocks are tied (``mirrored_blocks``).
     skipped_steps: frozenset[int] = frozenset()
 
     def add(self, model: Model) -> None:

@@ -29,8 +29,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Mapping
 
-from ._graph import effectively_recomputable, relevant_values
-from .problem import Problem
+from ..analysis.graph_facts import effectively_recomputable, relevant_values
+from ..problem import Problem
 
 # Capacities are scaled so the total recompute cost is about this many integer units.
 COST_UNITS = 2.0**40

@@ -20,10 +20,10 @@ from typing import Mapping
 
 import pulp
 
-from ._graph import effectively_recomputable, relevant_values
-from ._mip import MipResult, binary
-from .errors import SolverError
-from .problem import Plan, Problem, closure_from_keep_set
+from ..analysis.graph_facts import effectively_recomputable, relevant_values
+from .solve import MipResult, binary
+from ..errors import SolverError
+from ..problem import Plan, Problem, closure_from_keep_set
 
 # Keep-all in at most this many byte units: coefficients stay small and well conditioned.
 MAX_UNITS = 2**20

@@ -1,6 +1,6 @@
 """Block-mirrored plans: the peak rows' MIP restricted to plans that treat identical blocks alike.
 
-On deep models the conservative step-rows MIP (``peak_rows``) is the peak planner's best
+On deep models the conservative step-rows MIP (``rows``) is the peak planner's best
 source of plans, and the slowest: on a 12-layer Llama (1100 values, 1600 backward steps) one
 round ran 10-40 s on HiGHS and often ended with no plan. A transformer's blocks are copies of one
 block (``fast.blocks`` finds them: same ops, costs, sizes and edges), and in the plans worth
@@ -15,7 +15,7 @@ before): its best choice differs from the others', so it stays free. Measured at
 checkpointing's measured peak, 12 layers, hidden 768 (FLOP-priced, x per-block's recompute; how,
 in ``benchmarks/RESULTS.md``, "Issue 13 at depth"): HF GPT-2
 0.830 and BERT 0.627, each a plan that fits from the first tied solve in 6-7 s; HF Llama 0.831 at
-58 KB over the budget in 14 s (refreshing one value then makes it fit: ``overshoot``), where the
+58 KB over the budget in 14 s (refreshing one value then makes it fit: ``fit_overshoot``), where the
 planner without it reached 0.93. Tying the last block too, or leaving the last two free,
 overshot by about 10 MB there.
 
@@ -35,7 +35,7 @@ Measured on the same three 12-layer steps and budgets (one solve of the tied mod
 without the shadowed rows each: ``benchmarks/RESULTS.md``, "Round 11", with the code): the same objective to the last digit, in 2.4 / 4.8 / 2.8 s
 instead of 7.4 / 12.6 / 6.7 s, build included (the 6-14 s above are without it); on the
 scaling benchmark's 48-layer GPT a tied plan in 11 s, where the full tied model had none after
-166 s (``benchmarks/SCALING.md``, "Peak budgets at depth"); in 2.8 s since ``peak_rows`` shares one
+166 s (``benchmarks/SCALING.md``, "Peak budgets at depth"); in 2.8 s since ``rows`` shares one
 variable per view's set of literals ("Round 12").
 """
 
@@ -43,12 +43,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .fast.blocks import Group, decompose
-from .memory import backward_steps_of
-from ._mip import MipResult
-from ._model import Model
-from .peak_rows import PeakRows
-from .problem import Plan, Problem
+from ..fast.blocks import Group, decompose
+from ..analysis.memory import backward_steps_of
+from ..mip.solve import MipResult
+from ..mip.keep_model import Model
+from .rows import PeakRows
+from ..problem import Plan, Problem
 
 # Classes with fewer identical blocks than this are not tied: their untied MIP is small already.
 MIN_BLOCKS = 3

@@ -1,11 +1,11 @@
 """Peak-aware planning: the least recompute time whose simulated step peak fits the budget.
 
 A bound on saved bytes does not bound the peak: recomputed chains are held until their last
-use, so a plan that keeps less can peak higher (``solvers.memory``). Modelling the memory of
+use, so a plan that keeps less can peak higher (``solvers.analysis.memory``). Modelling the memory of
 every step exactly (Checkmate) makes the ILP grow with the square of the graph. Here the ILP
 gets rows the simulator justifies, and every plan is checked on the simulator:
 
-1. ``peak_rows``: one *valid* row per backward interval (what any plan that keeps or
+1. ``rows``: one *valid* row per backward interval (what any plan that keeps or
    recomputes a value must have alive there) and one at the forward's end. With storages
    rounded down this is a relaxation: its bound is a proven lower bound on the recompute time
    of every plan whose simulated peak fits. The same rows rounded up (plus the transient inputs
@@ -13,12 +13,12 @@ gets rows the simulator justifies, and every plan is checked on the simulator:
    rows missed (a chain recomputed early and held, a kept value a later recompute reads), else
    the rows ask for the overshoot as margin, and the ILP runs again. Where a model repeats a
    block three times or more, one solve of these rows with identical blocks tied comes first,
-   before step 2 (``mirrored``: the rows of about three blocks, not L; on 12-layer models the
+   before step 2 (``mirrored_blocks``: the rows of about three blocks, not L; on 12-layer models the
    best plans come from it; a tied plan a little over the budget is made to fit in step 6, or
    at once where the untied rows are out of reach: a second round with cuts did not move the
    12-layer Llama's). Untied conservative rows that the tied solve's time, scaled, says will not
    finish in time are skipped (``untied_seconds``). Since the rows share one variable per view's
-   set of literals (``peak_rows``) they run at 12 layers too (1.2-1.6 s a round on the scaling GPT).
+   set of literals (``rows``) they run at 12 layers too (1.2-1.6 s a round on the scaling GPT).
 2. The older search over saved-bytes caps (secant, then a few rounds of rows at the offending
    step on the best cap that still overshoots) adds its plans. Its caps (one quick ILP each)
    run before the rest of step 1 until a quarter of the limit has passed, and it resumes after
@@ -28,7 +28,7 @@ gets rows the simulator justifies, and every plan is checked on the simulator:
 4. ``exact_rows``: where the relaxation's plans peak, rows that follow the just-in-time
    schedule exactly there; each round's bound is proven, so the bound only tightens, and when
    the relaxation's own optimum fits it is the optimum (``exact_share`` of the limit at most).
-   Their MIPs go to CP-SAT (``solvers.cpsat``) where OR-Tools is installed: HiGHS's bound
+   Their MIPs go to CP-SAT (``solvers.mip.cpsat``) where OR-Tools is installed: HiGHS's bound
    stalls on them (weak LP relaxation), CP-SAT usually proves each round in seconds.
 5. ``local_search``, unless the best plan is proven optimal by then: from the cheapest plan
    that fits, moves of the keep set the simulator judges (a quarter of the time limit at most).
@@ -36,7 +36,7 @@ gets rows the simulator justifies, and every plan is checked on the simulator:
    small models of ``benchmarks.peak_optimality`` that cut planning from 9-29 s to 3-18 s on
    the three they prove, with the same plans everywhere, h256 models included).
 6. Plans that overshoot but are cheaper than the best that fits are made to fit
-   (``overshoot``): by giving up kept values alive at the peak, or by refreshing values (made
+   (``fit_overshoot``): by giving up kept values alive at the peak, or by refreshing values (made
    again for each step that reads them). On deep models tied plans a little over the budget are
    made to fit here (the 12-layer Llama's best, one value refreshed), as are the cuts' plans.
 
@@ -55,22 +55,22 @@ import logging
 import time
 from dataclasses import dataclass
 
-from . import baselines
-from ._mip import resolve_backend
-from ._model import rounding_for, time_weights, weights_for
-from ._run import solve_once
-from .errors import BudgetInfeasibleError, SolverError
+from .. import baselines
+from ..mip.solve import resolve_backend
+from ..mip.keep_model import rounding_for, time_weights, weights_for
+from ..mip.run_keep import solve_once
+from ..errors import BudgetInfeasibleError, SolverError
 from .exact_rows import ExactRowPlaces, exact_backend_for
 from .local_search import improve
-from .memory import PlanMemory, peak_step_alive, simulate_plan
-from .mirrored import MirroredRows, mirrored_pairs, shadowed_steps
-from .overshoot import fit_cheaper
-from .peak_rows import PeakRows, cuts_at
-from .saved_cap_rows import plans_from_cap
+from ..analysis.memory import PlanMemory, peak_step_alive, simulate_plan
+from .mirrored_blocks import MirroredRows, mirrored_pairs, shadowed_steps
+from .fit_overshoot import fit_cheaper
+from .rows import PeakRows, cuts_at
+from .cap_repair_rows import plans_from_cap
 from .schedule_bound import any_schedule_bound_by
-from .problem import Plan, Problem
-from .registry import Decision, planner
-from .status import DEFAULT_TIME_LIMIT, BudgetKind, Status, relative_gap
+from ..problem import Plan, Problem
+from ..registry import Decision, planner
+from ..status import DEFAULT_TIME_LIMIT, BudgetKind, Status, relative_gap
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ CUT_ROUNDS = 12
 PROBE_FRACTIONS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7)
 PROBE_TIME_LIMIT = 30.0
 # The time limit is the whole planning time. Its last shares, after the searches: overshooting plans
-# made to fit (``overshoot``), then, when the rows' bound does not prove the answer, the any-schedule
+# made to fit (``fit_overshoot``), then, when the rows' bound does not prove the answer, the any-schedule
 # bound (``schedule_bound``: ~2-4 s on the 4-layer models; the call returns early otherwise).
 FIT_SHARE = 0.1
 ANY_SCHEDULE_SHARE = 0.1
@@ -253,8 +253,8 @@ class _Search:
         return found
 
     def _solve_cap(self, cap: int, time_limit: float | None) -> _Candidate | None:
-        from .fast import solve_fast
-        from .ilp import solve_ilp
+        from ..fast import solve_fast
+        from ..ilp import solve_ilp
 
         seconds = max(self._left(), 0.1) if time_limit is None else time_limit
         if self.cap_seconds is not None:
@@ -263,7 +263,7 @@ class _Search:
             if self.cap_solver == "fast":
                 plan = solve_fast(self.problem, cap, time_limit=seconds, backend=self.backend)
             elif self.cap_solver == "ilp_offload":
-                from .offload_planner import solve_offload
+                from ..offload_planner import solve_offload
 
                 plan = solve_offload(self.problem, cap, time_limit=seconds, backend=self.backend, threads=self.threads,
                                      host_budget_bytes=self.host_budget_bytes)
@@ -331,7 +331,7 @@ class _Search:
         self.overshooting_cap = over_at if fits_at is not None and over_at is not None else None
 
     def with_step_rows(self, rounds: int) -> float | None:
-        """Plans from the ILP with a valid peak row per backward interval (``peak_rows``).
+        """Plans from the ILP with a valid peak row per backward interval (``rows``).
 
         First the relaxation (storages rounded down, exact seconds as the objective): its bound
         is a proven lower bound on the recompute seconds of any plan that fits, returned. Then
@@ -353,7 +353,7 @@ class _Search:
         return bound
 
     def with_mirrored_rows(self, time_limit: float) -> None:
-        """One plan of the conservative step rows with identical blocks tied (``mirrored``), the
+        """One plan of the conservative step rows with identical blocks tied (``mirrored_blocks``), the
         shadowed copies' rows left out, in half of what is left at most: on deep models its plans
         are the best (12-layer models: 2-5 s in round 11; a 48-layer GPT: a plan 2.8 s after the call).
         Where the untied conservative rows will not get the time they need (deep models), a tied
@@ -445,7 +445,7 @@ class _Search:
     def _rounds(self, rounds: int, reserve: float, pairs: tuple[tuple[int, int], ...] = (),
                 shadowed: frozenset[int] = frozenset()) -> None:
         """ILP plans under the conservative peak rows, tightened by cuts or a margin while they
-        overshoot; with ``pairs``, identical blocks make the same choices (``mirrored``) and the
+        overshoot; with ``pairs``, identical blocks make the same choices (``mirrored_blocks``) and the
         rows of the ``shadowed`` steps are left out."""
         problem, rounding = self.problem, rounding_for(self.problem)
         margin, cuts = 0, set()
@@ -476,7 +476,7 @@ class _Search:
 
     def fit_cheaper(self, among: list[_Candidate], deadline: float, repair_kept: bool = True) -> None:
         """Plans of ``among`` that overshoot but are cheaper than its best that fits, made to fit
-        (``solvers.overshoot``), become candidates."""
+        (``solvers.peak.fit_overshoot``), become candidates."""
         plans = [(c.plan, c.memory) for c in among]
         self.candidates += [_Candidate(*found) for found in fit_cheaper(self.problem, plans, self.budget, deadline,
                                                                          repair_kept)]

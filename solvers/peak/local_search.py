@@ -1,8 +1,8 @@
 """Local search over keep sets, judged by the simulator: cheaper plans that still fit the peak.
 
-The peak planner's MIPs (``solvers.peak``) see the peak through rows that are either relaxed
+The peak planner's MIPs (``solvers.peak.planner``) see the peak through rows that are either relaxed
 (valid, so their plans may not fit) or conservative (so they miss plans that do), and with the
-exact rows (``solvers.exact_rows``) they close their gap slowly. The simulator itself is cheap
+exact rows (``solvers.peak.exact_rows``) they close their gap slowly. The simulator itself is cheap
 (about a millisecond for a four-layer transformer step), so a plan that fits can be improved
 directly: keep one more value, or keep one value instead of another, and take the move when the
 plan gets cheaper and its simulated peak still fits. On the h64 GPT-style model at per-block
@@ -17,7 +17,7 @@ its keep set (``closure_from_keep_set``), so it is valid by construction.
 
 ``repair`` goes the other way, from a plan that overshoots: it gives up kept values alive at the
 peak, the least added recompute time per byte of peak saved first, until the plan fits (the
-peak planner runs it on its cheaper plans that overshoot: ``solvers.overshoot``).
+peak planner runs it on its cheaper plans that overshoot: ``solvers.peak.fit_overshoot``).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
-from ._graph import relevant_values
-from .memory import PlanMemory, simulate_plan, storages_alive_at_peak
-from .problem import Plan, Problem, closure_from_keep_set
+from ..analysis.graph_facts import relevant_values
+from ..analysis.memory import PlanMemory, simulate_plan, storages_alive_at_peak
+from ..problem import Plan, Problem, closure_from_keep_set
 
 # Graph distance (either direction) within which a kept value is tried as the one to give up.
 NEAR_HOPS = 4

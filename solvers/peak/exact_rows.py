@@ -1,6 +1,6 @@
 """Peak rows that follow the just-in-time schedule exactly at chosen backward steps.
 
-``peak_rows``' valid rows see a value alive only where its own direct backward reads put it.
+``rows``' valid rows see a value alive only where its own direct backward reads put it.
 What they miss is what makes real plans overshoot them: a recomputed value is materialized
 before the first step that needs it *directly or through another recomputed value* (a chain
 rebuilt early is held until its own reads), and a kept value stays alive until the last
@@ -30,7 +30,7 @@ storage), so every plan that fits satisfies these rows: the model stays a relaxa
 bound a proven lower bound, only tighter. Rows of the same kind are placed at the moment a
 value is made for a step (the previous step's working set is still there) and after a forward
 value. Each step adds a variable per value, so rows are added lazily, at the places where the
-relaxation's plan peaks (``ExactRowPlaces``, used by ``solvers.peak``).
+relaxation's plan peaks (``ExactRowPlaces``, used by ``solvers.peak.planner``).
 """
 
 from __future__ import annotations
@@ -41,13 +41,13 @@ from dataclasses import dataclass, field
 
 import pulp
 
-from ._mip import backend_works, fraction, resolve_backend
-from ._model import Model, Rounding
-from .memory import (PlanMemory, backward_lifetimes, backward_steps_of, forward_computed, read_spans,
+from ..mip.solve import backend_works, fraction, resolve_backend
+from ..mip.keep_model import Model, Rounding
+from ..analysis.memory import (PlanMemory, backward_lifetimes, backward_steps_of, forward_computed, read_spans,
                      working_while_making)
-from .peak_rows import PeakRows, earliest_need
-from .problem import Plan, Problem
-from .tags import Tag
+from .rows import PeakRows, earliest_need
+from ..problem import Plan, Problem
+from ..tags import Tag
 
 logger = logging.getLogger(__name__)
 
@@ -257,7 +257,7 @@ class ExactStepRows(PeakRows):
 
 @dataclass
 class ExactRowPlaces:
-    """Where exact rows have been placed so far (``solvers.peak`` adds one where each plan of
+    """Where exact rows have been placed so far (``solvers.peak.planner`` adds one where each plan of
     the relaxation peaks): backward steps' ops, (step, value) moments a recomputed value is
     made, and forward values."""
 

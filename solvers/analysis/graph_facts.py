@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from .problem import Problem
+from ..problem import Problem
 
 
 def relevant_values(problem: Problem) -> frozenset[int]:

@@ -3,7 +3,7 @@
 HiGHS honours its time limit on well-scaled models; on some models with byte-sized coefficients
 its presolve loops and never returns (issue 15, R5). Such models run in a forked child that is
 killed when the limit (plus a grace) passes, so a planner's time limit holds whatever the backend
-does. The run reports exactly what the backend said; ``_mip.run_mip`` decides what to believe.
+does. The run reports exactly what the backend said; ``mip.solve.run_mip`` decides what to believe.
 """
 
 from __future__ import annotations

@@ -20,10 +20,10 @@ from typing import Mapping
 
 import pulp
 
-from ._attempt import Attempt, attempt, make_solver, native_stdout_silenced
+from .backend_run import Attempt, attempt, make_solver, native_stdout_silenced
 from . import cpsat
 from .cpsat import implied_integral
-from .errors import SolverError, SolverUnavailableError
+from ..errors import SolverError, SolverUnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ def run_mip(
     ``start`` maps variable names to a feasible assignment used as a MIP start. ``mip=False``
     solves the LP relaxation, whose optimum is a lower bound of the MIP. ``gaps`` (relative,
     absolute) say when the backend may stop and call its incumbent optimal. ``isolate`` runs the
-    backend where it can be stopped (for models it may loop on; see ``_attempt``).
+    backend where it can be stopped (for models it may loop on; see ``mip.backend_run``).
     """
     variables = model.variables()
     if start:

@@ -1,8 +1,8 @@
 """A lower bound on the recompute time of *any* schedule that fits a peak budget.
 
-The peak planner's own bound (``peak_rows``, ``exact_rows``) is proven for its model: every
+The peak planner's own bound (``rows``, ``exact_rows``) is proven for its model: every
 recomputed value made once, just in time, and held until its last backward use. A plan with
-refreshed values (``solvers.refresh``: made again for each step that reads it) is outside that
+refreshed values (``solvers.peak.multiple_recompute``: made again for each step that reads it) is outside that
 model and may be cheaper than its optimum, so that bound says nothing about it. This one holds
 for every schedule that runs the backward steps in their order, whatever it recomputes, when,
 and how many times, so it bounds refreshed plans too, and it measures how much any form of
@@ -35,11 +35,11 @@ from dataclasses import dataclass
 
 import pulp
 
-from ._graph import relevant_values
-from ._mip import add_row, binary, run_mip
-from ._model import rounding_for
-from .memory import backward_steps_of
-from .problem import Problem
+from ..analysis.graph_facts import relevant_values
+from ..mip.solve import add_row, binary, run_mip
+from ..mip.keep_model import rounding_for
+from ..analysis.memory import backward_steps_of
+from ..problem import Problem
 
 logger = logging.getLogger(__name__)
 
@@ -206,7 +206,7 @@ class _Relaxation:
 
 
 def _at_most(lp: pulp.LpProblem, variable: pulp.LpVariable, sources: list[pulp.LpVariable]) -> None:
-    """``variable <= sum(sources)``, built as one expression (``_mip.add_row``), auto-named as PuLP's ``+=``."""
+    """``variable <= sum(sources)``, built as one expression (``mip.solve.add_row``), auto-named as PuLP's ``+=``."""
     add_row(lp, {variable: 1, **{source: -1 for source in sources}}, pulp.LpConstraintLE, 0)
 
 
