@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from remat_pass.pipeline import trace_step
+from remat_pass.planning.pipeline import trace_step
 from remat_pass.solvers import baselines
 from remat_pass.solvers.mip.solve import backend_works
 from remat_pass.solvers.analysis.memory import simulate_plan

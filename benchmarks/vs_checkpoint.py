@@ -14,7 +14,7 @@ FLOPs that *any* recompute schedule fitting that budget recomputes (``solvers.pe
 multiple recomputation included; the step priced by FLOPs alone, CP-SAT for ``S`` seconds):
 the floor no recompute-only planner can go under, to read the row's FLOPs against.
 
-Peaks are allocator-level (``remat_pass.measure.peak_activation_bytes``), FLOPs are the matmul/attention
+Peaks are allocator-level (``remat_pass.runtime.measure.peak_activation_bytes``), FLOPs are the matmul/attention
 FLOPs executed (``FlopCounterMode`` for the eager rows, the profiler for remat's runtime), the
 gradients are compared with eager's. ``python -m benchmarks.vs_checkpoint --out DIR``.
 """
@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 import remat_pass
-from remat_pass.measure import peak_activation_bytes
+from remat_pass.runtime.measure import peak_activation_bytes
 from remat_pass.solvers.mip.solve import backend_works
 from remat_pass.solvers.problem import Problem
 from remat_pass.solvers.peak.schedule_bound import any_schedule_bound

@@ -13,7 +13,7 @@ from torch import nn
 
 import remat_pass
 from remat_pass import CaptureError
-from remat_pass.capture_errors import CaptureCause, _last_frame_in_text
+from remat_pass.capture.capture_errors import CaptureCause, _last_frame_in_text
 
 from .helpers import assert_same_step, eager_reference, run_step
 

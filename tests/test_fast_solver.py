@@ -188,7 +188,7 @@ def test_group_problem_mirrors_the_group() -> None:
 @pytest.fixture(scope="module")
 def gpt_problem() -> Problem:
     from remat_pass.examples import GPT, GPTConfig
-    from remat_pass.pipeline import trace_step
+    from remat_pass.planning.pipeline import trace_step
 
     torch._dynamo.reset()
     torch.manual_seed(0)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import remat_pass
-from remat_pass.pipeline import without_headroom
+from remat_pass.planning.pipeline import without_headroom
 from remat_pass.solvers import baselines
 from remat_pass.solvers.analysis.memory import simulate_plan
 from remat_pass.solvers.problem import Plan

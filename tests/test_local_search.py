@@ -48,7 +48,7 @@ def test_from_every_plan_that_fits_the_result_fits_and_is_no_costlier():
 @pytest.fixture(scope="module")
 def gpt_at_per_blocks_peak() -> tuple[Problem, Plan, int]:
     """The GPT case's step (FLOP-priced), per-block checkpointing's plan, and its simulated peak."""
-    from remat_pass.pipeline import trace_step
+    from remat_pass.planning.pipeline import trace_step
 
     torch._dynamo.reset()
     model, inputs, loss = make_case("gpt")

@@ -9,12 +9,12 @@ from torch import nn
 import remat_pass
 from remat_pass import solvers
 from remat_pass import BudgetInfeasibleError
-from remat_pass.annotate import annotate
-from remat_pass.capture import capture
+from remat_pass.annotate.annotate import annotate
+from remat_pass.capture.capture import capture
 from remat_pass.examples import GPTConfig
-from remat_pass.measure import peak_activation_bytes
-from remat_pass.rewrite import rewrite
-from remat_pass.simulate import simulate
+from remat_pass.runtime.measure import peak_activation_bytes
+from remat_pass.rewrite.rewrite import rewrite
+from remat_pass.rewrite.simulate import simulate
 from remat_pass.solvers.analysis.memory import simulate_plan
 
 from .models import GPTWithLoss
