@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import inspect
 
+from .analysis import lifetimes, transfers  # noqa: F401  (they register Plan's accounts: problem.ANALYSES)
 from .baselines import BASELINES
 from .errors import (
     BudgetInfeasibleError,
@@ -44,7 +45,7 @@ from .fast import solve_fast
 from .ilp import min_feasible_bytes, solve_ilp
 from .analysis.memory import PlanMemory, simulate_plan
 from .offload_planner import offload_solver, solve_offload
-from .peak.planner import solve_peak
+from .peak import solve_peak
 from .problem import Plan, Problem, Value, closure_from_keep_set, format_bytes
 from .registry import (
     SOLVER_INFO,

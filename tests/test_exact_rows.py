@@ -15,7 +15,8 @@ from remat_pass.solvers.mip.backend_run import model_rows
 from remat_pass.solvers.mip.solve import run_mip
 from remat_pass.solvers.mip.keep_model import Rounding, build, rounding_for, time_weights
 from remat_pass.solvers.peak.exact_rows import ExactRowPlaces, ExactStepRows
-from remat_pass.solvers.analysis.memory import backward_lifetimes, backward_steps_of, second_tensors, simulate_plan
+from remat_pass.solvers.analysis.memory import second_tensors, simulate_plan
+from remat_pass.solvers.analysis.lifetimes import backward_lifetimes, backward_steps_of
 from remat_pass.solvers.problem import Plan, Problem, closure_from_keep_set
 
 

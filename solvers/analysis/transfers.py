@@ -37,8 +37,8 @@ import bisect
 from dataclasses import dataclass
 
 from .graph_facts import effectively_recomputable, relevant_values
-from .memory import backward_lifetimes, forward_computed, backward_steps_of, read_spans
-from ..problem import Plan, Problem
+from .lifetimes import backward_lifetimes, backward_steps_of, forward_computed, read_spans
+from ..problem import ANALYSES, Plan, Problem
 from ..tags import Tag
 
 
@@ -152,7 +152,7 @@ class Transfer:
     ``wait_after``: the forward value after whose op the send's wait runs (the device bytes
     are freed there). ``reload_step``: the backward step at whose start the fetch is issued
     (its device buffer is allocated there). ``need_event``: the backward event
-    (``memory.backward_lifetimes``) that first reads the storage; the fetch's wait runs just
+    (``lifetimes.backward_lifetimes``) that first reads the storage; the fetch's wait runs just
     before it. Times in seconds from the start of forward / backward.
     """
 
@@ -273,3 +273,6 @@ def _backward_fetches(problem: Problem, plan: Plan, storages: list[int],
         exposed = max(exposed, end - need_time)
         result[storage] = (issue_step, need_event, start, end, need_time)
     return result, exposed
+
+
+ANALYSES["transfer_schedule"] = transfer_schedule  # Plan.exposed_transfer_seconds reads it

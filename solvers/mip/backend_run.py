@@ -134,17 +134,12 @@ def native_stdout_silenced(active: bool) -> Iterator[None]:
 
 def attempt(model: pulp.LpProblem, *, backend: str, time_limit: float, threads: int | None, warm: bool,
             mip: bool, gaps: tuple[float, float], isolate: bool) -> Attempt:
-    """Run ``model`` once; ``isolate`` runs it in a child killed after ``time_limit + GRACE_SECONDS``.
+    """Run ``model`` once on a PuLP backend (HiGHS, CBC); ``isolate`` runs it in a child killed
+    after ``time_limit + GRACE_SECONDS``. CP-SAT runs go through ``solve.attempt`` instead.
 
     ``warm`` uses the variables' initial values as a MIP start. Raises ``pulp.PulpSolverError``
     when the backend crashes.
     """
-    if backend == "cpsat":  # it honours its time limit: no child needed
-        if not mip:
-            raise ValueError("CP-SAT solves integer programs only, not LP relaxations")
-        from .cpsat import attempt_cpsat
-
-        return attempt_cpsat(model, time_limit=time_limit, threads=threads, warm=warm, gaps=gaps)
     if not isolate:
         return _attempt_here(model, backend, time_limit, threads, warm, mip, gaps)
     return _attempt_isolated(model, backend, time_limit, threads, warm, mip, gaps)

@@ -20,8 +20,8 @@ from typing import Mapping
 
 import pulp
 
-from .backend_run import Attempt, attempt, make_solver, native_stdout_silenced
-from . import cpsat
+from . import backend_run, cpsat
+from .backend_run import Attempt, make_solver, native_stdout_silenced
 from .cpsat import implied_integral
 from ..errors import SolverError, SolverUnavailableError
 
@@ -61,6 +61,18 @@ class MipResult:
     backend: str = ""
     stopped: bool = False
     distrusted: str | None = None
+
+
+def attempt(model: pulp.LpProblem, *, backend: str, time_limit: float, threads: int | None, warm: bool,
+            mip: bool, gaps: tuple[float, float], isolate: bool) -> Attempt:
+    """Run ``model`` once on ``backend``: CP-SAT (``cpsat``, which builds on ``backend_run``, so the
+    choice is made here, above both) or a PuLP backend (``backend_run.attempt``, which says how)."""
+    if backend == "cpsat":  # it honours its time limit: no child needed
+        if not mip:
+            raise ValueError("CP-SAT solves integer programs only, not LP relaxations")
+        return cpsat.attempt_cpsat(model, time_limit=time_limit, threads=threads, warm=warm, gaps=gaps)
+    return backend_run.attempt(model, backend=backend, time_limit=time_limit, threads=threads, warm=warm, mip=mip,
+                               gaps=gaps, isolate=isolate)
 
 
 @functools.lru_cache(maxsize=None)

@@ -17,7 +17,8 @@ import pulp
 
 from ..mip.solve import fraction, run_mip
 from ..mip.keep_model import Model, build, plan_from, rounding_for, weights_for
-from ..analysis.memory import PlanMemory, backward_steps_of, peak_step_alive, read_spans, simulate_plan
+from ..analysis.memory import PlanMemory, peak_step_alive, simulate_plan
+from ..analysis.lifetimes import backward_steps_of, read_spans
 from ..problem import Plan, Problem
 
 logger = logging.getLogger(__name__)

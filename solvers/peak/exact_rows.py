@@ -43,8 +43,8 @@ import pulp
 
 from ..mip.solve import backend_works, fraction, resolve_backend
 from ..mip.keep_model import Model, Rounding
-from ..analysis.memory import (PlanMemory, backward_lifetimes, backward_steps_of, forward_computed, read_spans,
-                     working_while_making)
+from ..analysis.memory import PlanMemory, working_while_making
+from ..analysis.lifetimes import backward_lifetimes, backward_steps_of, forward_computed, read_spans
 from .rows import PeakRows, earliest_need
 from ..problem import Plan, Problem
 from ..tags import Tag

@@ -44,7 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from ..fast.blocks import Group, decompose
-from ..analysis.memory import backward_steps_of
+from ..analysis.lifetimes import backward_steps_of
 from ..mip.solve import MipResult
 from ..mip.keep_model import Model
 from .rows import PeakRows

@@ -12,6 +12,7 @@ usually pointwise ops whose inputs are alive anyway: refreshing them is almost f
 budget, it refreshes the storage whose refreshing lowers the peak step's live bytes at the least
 added recompute time per byte, and stops when the plan fits or nothing alive at the peak helps.
 The ILP does not choose refreshes itself; ``solvers.peak.planner`` runs this pass on plans that overshoot.
+What a refreshed plan must satisfy is checked by the record itself (``Plan.check``).
 """
 
 from __future__ import annotations
@@ -20,28 +21,14 @@ import dataclasses
 import logging
 import time
 
-from ..analysis.memory import PlanMemory, backward_lifetimes, simulate_plan
+from ..analysis.memory import PlanMemory, simulate_plan
+from ..analysis.lifetimes import backward_lifetimes
 from ..problem import Plan, Problem
 
 logger = logging.getLogger(__name__)
 
 # At most this many storages are refreshed in one pass (each step simulates every candidate).
 MAX_REFRESHES = 64
-
-
-def check_refreshed(plan: Plan) -> None:
-    """Raise ValueError unless every refreshed storage is one tensor per step: every value of
-    it that backward has is a refreshed recomputation (none kept, offloaded or returned)."""
-    values = plan.problem.values
-    if not plan.refreshed <= plan.recomputed:
-        raise ValueError(f"refreshed values that are not recomputed: "
-                         f"{sorted(values[i].name for i in plan.refreshed - plan.recomputed)[:10]}")
-    storages = {values[i].storage for i in plan.refreshed}
-    for i in plan.kept | plan.offloaded | (plan.recomputed - plan.refreshed):
-        if values[i].storage in storages:
-            raise ValueError(f"{values[i].name!r} shares a storage with a refreshed value but is not refreshed")
-    if storages & {values[i].storage for i in plan.problem.forward_outputs}:
-        raise ValueError("a refreshed value shares a storage with a forward output")
 
 
 def refreshable_storages(problem: Problem, plan: Plan) -> dict[int, frozenset[int]]:

@@ -33,7 +33,8 @@ import pulp
 from ..mip.solve import MipResult, add_row, fraction
 from ..mip.cpsat import implied_integral
 from ..mip.keep_model import Model, Rounding, plan_from
-from ..analysis.memory import backward_steps_of, read_spans, working_while_making
+from ..analysis.memory import working_while_making
+from ..analysis.lifetimes import backward_steps_of, read_spans
 from ..problem import Plan, Problem
 
 

@@ -38,7 +38,7 @@ import pulp
 from ..analysis.graph_facts import relevant_values
 from ..mip.solve import add_row, binary, run_mip
 from ..mip.keep_model import rounding_for
-from ..analysis.memory import backward_steps_of
+from ..analysis.lifetimes import backward_steps_of
 from ..problem import Problem
 
 logger = logging.getLogger(__name__)
