@@ -40,7 +40,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 import remat_pass
-from remat_pass.costs import CostModel
+from remat_pass.annotate.costs import CostModel
 
 from .metrics import executed_flops
 from .models import ModelSpec, Workload, build

@@ -1,12 +1,12 @@
 """How the exact rows' first MIP solves: HiGHS against CP-SAT at several worker counts.
 
-``ilp_peak``'s first exact round (``solvers.exact_rows``): the valid rows' relaxation is solved,
+``ilp_peak``'s first exact round (``solvers.peak.exact_rows``): the valid rows' relaxation is solved,
 an exact row goes where its plan overshoots (per-block checkpointing's simulated peak as the
 budget, recompute priced by FLOPs, the models of ``benchmarks.peak_optimality``), and that MIP is
 handed to each backend for ``--seconds``. Printed per run: the status, the incumbent and the
 proven bound over per-block checkpointing's recompute time, and the wall time. The bound is what
 matters: the round proves its optimum when it meets the incumbent. CP-SAT's worker count
-(``solvers.cpsat.WORKERS``) is set per run here; workers beyond the cores time-share them.
+(``solvers.mip.cpsat.WORKERS``) is set per run here; workers beyond the cores time-share them.
 
     python -m benchmarks.cpsat_workers --model llama --workers 2,4,8,12
 """
@@ -19,13 +19,14 @@ import time
 
 import torch
 
-from remat_pass.solvers import baselines, cpsat
-from remat_pass.solvers._mip import run_mip
-from remat_pass.solvers._model import build, rounding_for, time_weights
-from remat_pass.solvers._run import solve_once
-from remat_pass.solvers.exact_rows import ExactRowPlaces
-from remat_pass.solvers.memory import simulate_plan
-from remat_pass.solvers.peak_rows import PeakRows
+from remat_pass.solvers import baselines
+from remat_pass.solvers.mip import cpsat
+from remat_pass.solvers.mip.solve import run_mip
+from remat_pass.solvers.mip.keep_model import build, rounding_for, time_weights
+from remat_pass.solvers.mip.run_keep import solve_once
+from remat_pass.solvers.peak.exact_rows import ExactRowPlaces
+from remat_pass.solvers.analysis.memory import simulate_plan
+from remat_pass.solvers.peak.rows import PeakRows
 from remat_pass.solvers.problem import Plan
 
 from .models import ModelSpec

@@ -33,8 +33,8 @@ from torch import nn
 
 import remat_pass
 from remat_pass.examples import GPT, GPTConfig, lm_loss
-from remat_pass.measure import allocator_peak
-from remat_pass.offload import ao_ops_available
+from remat_pass.runtime.measure import allocator_peak
+from remat_pass.rewrite.offload import ao_ops_available
 
 
 class _Step(nn.Module):
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     report: dict[str, Any] = {"torch": torch.__version__, "device": torch.cuda.get_device_name(),
                               "ao_ops": ao_ops_available(), "args": {k: str(v) for k, v in vars(args).items()}}
-    from remat_pass.offload import OffloadUnavailableError, transfer_ops
+    from remat_pass.rewrite.offload import OffloadUnavailableError, transfer_ops
 
     variants: list[tuple[str, dict[str, Any]]] = [("recompute_only", {})]
     try:

@@ -15,8 +15,8 @@ from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 import torch
 
-from remat_pass.flops import extra_flop_formulas
-from remat_pass.measure import saved_activation_bytes
+from remat_pass.annotate.flops import extra_flop_formulas
+from remat_pass.runtime.measure import saved_activation_bytes
 
 T = TypeVar("T")
 

@@ -8,9 +8,9 @@ Run from the repository root::
 A Hugging Face ``LlamaForCausalLM`` with Llama-2-70B's widths (hidden 8192, 64 heads, 8 KV heads,
 intermediate 28672, vocab 32000, sequence 4096, batch 1, bf16; ``--layers`` of them) is built on
 the meta device and traced as fake tensors (``benchmarks.scaling``), annotated with the ``--device``
-cost model (roofline op times, the host link of ``remat_pass.costs``). For peak budgets at
+cost model (roofline op times, the host link of ``remat_pass.annotate.costs``). For peak budgets at
 ``--fractions`` of the un-rematerialized step's simulated peak, it plans twice with the same peak
-planner (``solvers.peak``): caps solved by the keep/recompute ILP ("recompute only") and by the
+planner (``solvers.peak.planner``): caps solved by the keep/recompute ILP ("recompute only") and by the
 keep/recompute/offload ILP ("with offload"). Everything is predicted: recompute time and exposed
 transfer time from the models, peaks from the memory simulator, which counts sends in flight.
 
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from remat_pass.solvers.memory import simulate_plan
+from remat_pass.solvers.analysis.memory import simulate_plan
 from remat_pass.solvers.problem import Plan, Problem, format_bytes
 
 from remat_pass import solvers

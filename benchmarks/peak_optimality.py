@@ -13,7 +13,7 @@ peak (``per_block``, which saves what ``torch.utils.checkpoint`` saves):
 ``--budget-bytes`` replaces per-block's peak with another budget (costs are still reported over
 per-block's recompute cost).
 
-"any schedule" is ``solvers.schedule_bound``'s lower bound (rows at ``--schedule-steps``
+"any schedule" is ``solvers.peak.schedule_bound``'s lower bound (rows at ``--schedule-steps``
 backward steps, 48 by default, 0 for all): no schedule, multiple recomputation included, recomputes less. The
 distance between it and the proven optimum is the most that recomputing a value more than once
 could still gain over remat_pass's peak model.
@@ -37,13 +37,13 @@ from typing import Any
 
 import torch
 
-from remat_pass.pipeline import trace_step
+from remat_pass.planning.pipeline import trace_step
 from remat_pass.solvers import baselines
-from remat_pass.solvers._mip import backend_works
-from remat_pass.solvers.memory import simulate_plan
-from remat_pass.solvers.peak import solve_peak
+from remat_pass.solvers.mip.solve import backend_works
+from remat_pass.solvers.analysis.memory import simulate_plan
+from remat_pass.solvers.peak.planner import solve_peak
 from remat_pass.solvers.problem import Plan, Problem
-from remat_pass.solvers.schedule_bound import DEFAULT_STEPS, any_schedule_bound
+from remat_pass.solvers.peak.schedule_bound import DEFAULT_STEPS, any_schedule_bound
 
 from .models import HF_FAMILY_KINDS, ModelSpec, build
 

@@ -84,7 +84,7 @@ def write_markdown(rows: list[Row], meta: dict, path: Path) -> None:
         "live before the step, not counting the parameter gradients the step leaves behind. "
         "**held after fwd**: allocator-level bytes still allocated after the forward (what the "
         "autograd graph holds for backward, loss included). **saved (hooks)**: "
-        "`remat_pass.measure.saved_activation_bytes` (+ the SAC cache). **predicted / measured**: the "
+        "`remat_pass.runtime.measure.saved_activation_bytes` (+ the SAC cache). **predicted / measured**: the "
         "remat plan's `kept_bytes` / held after fwd (remat compiles the loss with the model, so its budget covers the whole step). **GFLOP**: matmul, conv and "
         "attention FLOPs executed in forward+backward, recompute included. **grad diff**: against "
         "eager `none` with the same seed; max |Δg| / max |g| and ‖Δg‖ / ‖g‖ over all parameters. "

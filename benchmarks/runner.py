@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 
 from benchmarks import metrics
-from remat_pass import measure
+from remat_pass.runtime import measure
 from benchmarks.models import ModelSpec, Workload, build
 from benchmarks.strategies import Options, Prepared, Strategy, prepare
 

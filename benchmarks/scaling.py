@@ -40,7 +40,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from remat_pass import solvers
-from remat_pass.tradeoff import hull_points
+from remat_pass.tools.tradeoff import hull_points
 from remat_pass.solvers.problem import Plan, Problem, format_bytes
 
 DEFAULT_OUT = Path("benchmarks/out/scaling")
@@ -60,10 +60,10 @@ class _LMStep(nn.Module):
 
 def trace_timed(step: nn.Module, inputs: tuple[Any, ...], device: str) -> tuple[Problem, float, float, int]:
     """Capture and annotate on fake tensors; (problem, capture seconds, annotate seconds, graph pieces)."""
-    from remat_pass.annotate import annotate
-    from remat_pass.capture import capture
-    from remat_pass.pipeline import merge_problems
-    from remat_pass.planning import traceable
+    from remat_pass.annotate.annotate import annotate
+    from remat_pass.capture.capture import capture
+    from remat_pass.planning.pipeline import merge_problems
+    from remat_pass.planning.plan_model import traceable
 
     torch._dynamo.reset()
     began = time.perf_counter()
@@ -241,9 +241,9 @@ def _layer_rows(plan: Plan, layer: int) -> dict[str, int]:
 
 
 def run_llama70b(args: argparse.Namespace) -> dict[str, Any]:
-    from remat_pass.estimate import Policy, Workload, layer_activation_bytes
-    from remat_pass.planning import plan_with_report
-    from remat_pass.report import block_depth
+    from remat_pass.tools.estimate import Policy, Workload, layer_activation_bytes
+    from remat_pass.planning.plan_model import plan_with_report
+    from remat_pass.tools.report import block_depth
 
     began = time.perf_counter()
     model = llama_model(args.llama_layers, args)

@@ -5,7 +5,7 @@ predicted peak then matches the allocator's, with and without the scratch counte
 
 The benchmark ResNet (CPU: 8 blocks, width 32, 32 px, batch 32; CUDA: width 64, 128 px, batch
 64, as in the GPU preset), in fp32 and bf16. For each: the largest scratch annotate recorded
-(``remat_pass.scratch``; measured on the device) and how long capture + annotate took; the
+(``remat_pass.annotate.scratch``; measured on the device) and how long capture + annotate took; the
 keep-all plan and a peak-budget plan at ``--fraction`` of keep-all's predicted peak, each with its
 predicted peak against the measured activation peak (``measure.allocator_peak``, parameter
 gradients left out; on CUDA ``max_memory_allocated`` less the gradients beside it); then the same
@@ -26,10 +26,10 @@ from torch import nn
 from torch.nn import functional as F
 
 import remat_pass
-import remat_pass.annotate as annotate_module
-from remat_pass import measure
-from remat_pass.annotate import annotate
-from remat_pass.capture import capture
+import remat_pass.annotate.annotate as annotate_module
+from remat_pass.runtime import measure
+from remat_pass.annotate.annotate import annotate
+from remat_pass.capture.capture import capture
 
 from .models import ModelSpec, build
 

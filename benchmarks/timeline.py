@@ -3,8 +3,8 @@
     python -m benchmarks.timeline --model gpt --budget 0.4 --budget-kind peak --out benchmarks/out/timeline
 
 Traces the benchmark model once (loss included), plans it like ``optimize`` would, and draws
-``remat_pass.report.memory_timeline`` (the plan-level model, checked against the graph replay and
-the allocator in tests/test_peak.py) with ``remat_pass.plots.plot_memory_timeline``.
+``remat_pass.tools.report.memory_timeline`` (the plan-level model, checked against the graph replay and
+the allocator in tests/test_peak.py) with ``remat_pass.tools.plots.plot_memory_timeline``.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import argparse
 from pathlib import Path
 from typing import Sequence
 
-from remat_pass.explain import explain_traced
-from remat_pass.pipeline import trace_step
-from remat_pass.plots import plot_memory_timeline
-from remat_pass.report import memory_timeline
+from remat_pass.tools.explain import explain_traced
+from remat_pass.planning.pipeline import trace_step
+from remat_pass.tools.plots import plot_memory_timeline
+from remat_pass.tools.report import memory_timeline
 
 from .models import ModelSpec, build
 

@@ -10,11 +10,11 @@ dropout so that every gradient is comparable), the loss inside the module, one t
 * ``peak@checkpoint``: remat_pass with a peak budget equal to ``checkpoint``'s *measured* peak.
 
 ``--any-schedule-seconds S`` adds, to the ``peak@checkpoint`` row, a proven lower bound on the
-FLOPs that *any* recompute schedule fitting that budget recomputes (``solvers.schedule_bound``,
+FLOPs that *any* recompute schedule fitting that budget recomputes (``solvers.peak.schedule_bound``,
 multiple recomputation included; the step priced by FLOPs alone, CP-SAT for ``S`` seconds):
 the floor no recompute-only planner can go under, to read the row's FLOPs against.
 
-Peaks are allocator-level (``remat_pass.measure.peak_activation_bytes``), FLOPs are the matmul/attention
+Peaks are allocator-level (``remat_pass.runtime.measure.peak_activation_bytes``), FLOPs are the matmul/attention
 FLOPs executed (``FlopCounterMode`` for the eager rows, the profiler for remat's runtime), the
 gradients are compared with eager's. ``python -m benchmarks.vs_checkpoint --out DIR``.
 """
@@ -33,10 +33,10 @@ import torch
 from torch import nn
 
 import remat_pass
-from remat_pass.measure import peak_activation_bytes
-from remat_pass.solvers._mip import backend_works
+from remat_pass.runtime.measure import peak_activation_bytes
+from remat_pass.solvers.mip.solve import backend_works
 from remat_pass.solvers.problem import Problem
-from remat_pass.solvers.schedule_bound import any_schedule_bound
+from remat_pass.solvers.peak.schedule_bound import any_schedule_bound
 
 from .metrics import dispatch_flops, executed_flops
 from .hf_families import FAMILIES

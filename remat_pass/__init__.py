@@ -14,15 +14,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
-    "optimize": "remat_pass.api",
-    "RematModule": "remat_pass.api",
-    "backend": "remat_pass.dynamo_backend",
-    "DEFAULT_BUDGET": "remat_pass.pipeline",
-    "apply_to_blocks": "remat_pass.per_block",
-    "parse_budget": "remat_pass.budget",
-    "saved_activation_bytes": "remat_pass.measure",
-    "sweep": "remat_pass.tradeoff",
-    "plan": "remat_pass.planning",
+    "optimize": "remat_pass.runtime.api",
+    "RematModule": "remat_pass.runtime.api",
+    "backend": "remat_pass.runtime.dynamo_backend",
+    "DEFAULT_BUDGET": "remat_pass.planning.pipeline",
+    "apply_to_blocks": "remat_pass.runtime.per_block",
+    "parse_budget": "remat_pass.planning.budget",
+    "saved_activation_bytes": "remat_pass.runtime.measure",
+    "sweep": "remat_pass.tools.tradeoff",
+    "plan": "remat_pass.planning.plan_model",
     "Plan": "remat_pass.solvers.problem",
     "RematError": "remat_pass.errors",
     "InvalidBudgetError": "remat_pass.errors",
@@ -38,10 +38,10 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:
     from remat_pass.solvers.problem import Plan
 
-    from .api import RematModule, optimize
-    from .dynamo_backend import backend
-    from .per_block import apply_to_blocks
-    from .budget import parse_budget
+    from .runtime.api import RematModule, optimize
+    from .runtime.dynamo_backend import backend
+    from .runtime.per_block import apply_to_blocks
+    from .planning.budget import parse_budget
     from .errors import (
         BudgetInfeasibleError,
         CaptureError,
@@ -51,10 +51,10 @@ if TYPE_CHECKING:
         SolverOptionError,
         SolverUnavailableError,
     )
-    from .measure import saved_activation_bytes
-    from .pipeline import DEFAULT_BUDGET
-    from .planning import plan
-    from .tradeoff import sweep
+    from .runtime.measure import saved_activation_bytes
+    from .planning.pipeline import DEFAULT_BUDGET
+    from .planning.plan_model import plan
+    from .tools.tradeoff import sweep
 
 
 def __getattr__(name: str) -> Any:

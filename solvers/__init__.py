@@ -4,9 +4,9 @@ Every planner has one signature, ``fn(problem, budget_bytes=None, **options) -> 
 chosen by name from ``SOLVERS`` (``solvers.registry``, which also holds each one's ``SOLVER_INFO``):
 
 * ``"ilp"``: exact (an integer program; see ``solvers.ilp``), honours the budget or raises;
-* ``"ilp_peak"``: the budget bounds the simulated peak of the step (``solvers.peak``);
+* ``"ilp_peak"``: the budget bounds the simulated peak of the step (``solvers.peak.planner``);
 * ``"ilp_offload"``: keep, recompute or offload to host memory (``solvers.offload_planner``;
-  the link model in ``solvers.offload``); peak budgets: ``"ilp_peak"`` with
+  the link model in ``solvers.analysis.transfers``); peak budgets: ``"ilp_peak"`` with
   ``cap_solver="ilp_offload"``;
 * ``"fast"``: Lagrangian min-cuts shared across identical blocks, then a short ILP; for deep
   models, with an honest gap (``solvers.fast``);
@@ -14,7 +14,7 @@ chosen by name from ``SOLVERS`` (``solvers.registry``, which also holds each one
   the usual checkpointing heuristics; they record the budget but do not aim for it.
 
 A plan's ``status`` (``Status``) says what is proven: "optimal" only when a check the planner
-believes closes the gap (``solvers._run``: every backend answer is verified, and only
+believes closes the gap (``solvers.mip.run_keep``: every backend answer is verified, and only
 well-scaled models certify), "feasible" with the gap to a proven bound otherwise, "time_limit"
 when the time limit cut the search short.
 
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import inspect
 
+from .analysis import lifetimes, transfers  # noqa: F401  (they register Plan's accounts: problem.ANALYSES)
 from .baselines import BASELINES
 from .errors import (
     BudgetInfeasibleError,
@@ -42,7 +43,7 @@ from .errors import (
 )
 from .fast import solve_fast
 from .ilp import min_feasible_bytes, solve_ilp
-from .memory import PlanMemory, simulate_plan
+from .analysis.memory import PlanMemory, simulate_plan
 from .offload_planner import offload_solver, solve_offload
 from .peak import solve_peak
 from .problem import Plan, Problem, Value, closure_from_keep_set, format_bytes

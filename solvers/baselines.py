@@ -14,7 +14,7 @@ from typing import Iterable
 
 import networkx as nx
 
-from ._graph import effectively_recomputable, forced_keeps
+from .analysis.graph_facts import effectively_recomputable, forced_keeps
 from .problem import Plan, Problem, closure_from_keep_set
 from .tags import Tag
 from .registry import Decision, SolverFn, planner

@@ -1,11 +1,11 @@
-"""The exact planner: the keep/recompute integer program (``_model``) solved with PuLP.
+"""The exact planner: the keep/recompute integer program (``mip.keep_model``) solved with PuLP.
 
 The objective is the recompute time alone; among plans of the least time, a second run (the
-tie-break, ``_model.cap_time``) takes the one keeping the fewest bytes, then the fewest
+tie-break, ``mip.keep_model.cap_time``) takes the one keeping the fewest bytes, then the fewest
 recomputes, so equal-cost plans come out the same way every time and no byte more is kept than
 an optimal plan needs.
 
-What is claimed is only what is proven (issue 15). Every run goes through ``_run.solve_once``,
+What is claimed is only what is proven (issue 15). Every run goes through ``mip.run_keep.solve_once``,
 which checks the backend's answer and believes a proof only from a well-scaled model. Bytes are
 counted in units: the sizes' gcd when that needs few units (the model is then exact and its
 proof is the proof), else a coarse unit. With a coarse unit, storages rounded up and the budget
@@ -25,10 +25,10 @@ import time
 from dataclasses import dataclass
 
 from . import baselines
-from ._cut import min_bytes_cut
-from ._mip import MipResult, resolve_backend
-from ._model import Rounding, Weights, finer_roundings, rounding_for, time_weights
-from ._run import Outcome, solve_once
+from .mip.min_cut import min_bytes_cut
+from .mip.solve import MipResult, resolve_backend
+from .mip.keep_model import Rounding, Weights, finer_roundings, rounding_for, time_weights
+from .mip.run_keep import Outcome, solve_once
 from .errors import BudgetInfeasibleError, SolverError
 from .problem import Plan, Problem, closure_from_keep_set
 from .registry import Decision, planner
@@ -72,7 +72,7 @@ def min_feasible_bytes(problem: Problem, *, time_limit: float = DEFAULT_TIME_LIM
     """The fewest bytes any valid plan keeps: no smaller budget can be met.
 
     Exact to the byte, storages shared by several values counted once: a minimum cut with free
-    recomputes and byte capacities in Python integers (``_cut.min_bytes_cut``). When one storage
+    recomputes and byte capacities in Python integers (``mip.min_cut.min_bytes_cut``). When one storage
     is kept through two values (a mutated alias) the cut cannot model it; then an ILP over the
     planner's rows in exact units decides, and its answer counts only when proven on a
     well-scaled model (SolverError otherwise).

@@ -1,6 +1,6 @@
 """A plan's account per nn.Module: what each module keeps, recomputes and offloads (``Plan.per_module``).
 
-Torch-free, like the ``Problem`` and ``Plan`` it reads; the report (``remat_pass.report``) and
+Torch-free, like the ``Problem`` and ``Plan`` it reads; the report (``remat_pass.tools.report``) and
 ``Plan.to_dict`` render these rows.
 """
 

@@ -1,11 +1,11 @@
 """Keep, recompute or offload: one decision per value, in one integer program.
 
-The keep/recompute model (``solvers._model``) gets a third place for a saved storage: host
-memory. Per offloadable storage ``s`` (``offload.offload_candidates``) a binary ``h_s``; a
+The keep/recompute model (``solvers.mip.keep_model``) gets a third place for a saved storage: host
+memory. Per offloadable storage ``s`` (``transfers.offload_candidates``) a binary ``h_s``; a
 saved value's storage is paid on the device (``g_s``) or offloaded (``h_s``), never both; only
 ``g_s`` counts against the device budget, only ``h_s`` against the optional host budget.
 
-Transfers cost time only where compute cannot hide them (``solvers.offload`` states the
+Transfers cost time only where compute cannot hide them (``solvers.analysis.transfers`` states the
 model). Both directions are single-machine queues, and both are linear:
 
 * forward, sends released in creation order: the backlog after send ``k`` is
@@ -23,10 +23,10 @@ model). Both directions are single-machine queues, and both are linear:
 
 The objective is recompute time plus both exposed times, in the same units, plus a tie-break
 that prefers the device over the host when the budget leaves room. The exposed time a plan
-really has comes from ``offload.transfer_schedule`` (``Plan.exposed_transfer_seconds``); the
+really has comes from ``transfers.transfer_schedule`` (``Plan.exposed_transfer_seconds``); the
 model's is an upper bound of it, so "optimal" here is optimal for that bound.
 
-For peak budgets the peak planner (``solvers.peak``, ``cap_solver="ilp_offload"``) searches
+For peak budgets the peak planner (``solvers.peak.planner``, ``cap_solver="ilp_offload"``) searches
 the device-bytes cap with the memory simulator, which knows transfers, in the loop: sends still
 in flight hold device memory, so offloading more does not always lower the forward's peak.
 """
@@ -41,12 +41,12 @@ from dataclasses import dataclass
 import pulp
 
 from . import baselines
-from ._mip import MipResult, binary, resolve_backend
-from ._model import Model, rounding_for, weights_for
-from ._run import solve_once
+from .mip.solve import MipResult, binary, resolve_backend
+from .mip.keep_model import Model, rounding_for, weights_for
+from .mip.run_keep import solve_once
 from .errors import BudgetInfeasibleError, SolverError
 from .ilp import min_feasible_bytes, solve_ilp
-from .offload import Candidate, forward_times, offload_candidates, storage_creators
+from .analysis.transfers import Candidate, forward_times, offload_candidates, storage_creators
 from .problem import Plan, Problem, closure_from_keep_set
 from .registry import Decision, planner
 from .status import DEFAULT_TIME_LIMIT, BudgetKind, Status, relative_gap
@@ -87,7 +87,7 @@ def _nonnegative(lp: pulp.LpProblem, name: str) -> pulp.LpVariable:
 @dataclass
 class OffloadRows:
     """The host as a third place for a saved storage, added to the keep/recompute model
-    (``_run.ModelExtension``). ``unit_seconds`` None: no transfer time (the min-bytes model)."""
+    (``mip.run_keep.ModelExtension``). ``unit_seconds`` None: no transfer time (the min-bytes model)."""
 
     problem: Problem
     candidates: dict[int, Candidate]

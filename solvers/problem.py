@@ -30,10 +30,24 @@ import functools
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .module_account import ModuleRow, module_rows
 from .status import BudgetKind, Status
+
+# A Plan's accounts that need an analysis above these records: how many times backward makes each
+# refreshed value (``analysis.lifetimes.materializations``) and the transfer time the host link
+# does not hide (``analysis.transfers.transfer_schedule``). The records import no analysis, so no
+# import circle runs through them: each of those modules puts its function here when imported, and
+# the package (``solvers/__init__.py``, which Python runs before any module in it) imports both.
+ANALYSES: dict[str, Callable[..., Any]] = {}
+
+
+def _analysis(name: str) -> Callable[..., Any]:
+    try:
+        return ANALYSES[name]
+    except KeyError:
+        raise RuntimeError(f"the analysis {name!r} is not registered (import remat_pass.solvers)") from None
 
 
 @dataclass(frozen=True)
@@ -146,8 +160,8 @@ class Plan:
     ``kept`` holds the non-available values saved for backward on the device; available values
     backward or a recomputation reads are implicit. ``offloaded`` holds values saved for
     backward in host memory (sent over the host link in forward, fetched back before backward
-    needs them; ``solvers.offload``): a storage is either kept or offloaded, never both.
-    ``refreshed`` (multiple recomputation, ``solvers.refresh``): recomputed values made again in
+    needs them; ``solvers.analysis.transfers``): a storage is either kept or offloaded, never both.
+    ``refreshed`` (multiple recomputation, ``solvers.peak.multiple_recompute``): recomputed values made again in
     each backward step that needs them instead of held; priced once per time made.
     Invalid plans cannot be built: see ``check``.
     """
@@ -186,9 +200,7 @@ class Plan:
                 raise ValueError(f"{values[i].name!r} is recomputed but must not be (random op or side effect)")
         self._check_offloaded()
         if self.refreshed:
-            from .refresh import check_refreshed
-
-            check_refreshed(self)
+            self._check_refreshed()
         have = self.kept | self.recomputed | self.offloaded
         needed = set(self.problem.backward_reads)
         for i in self.recomputed:
@@ -211,14 +223,26 @@ class Plan:
         if self.offloaded and self.problem.host_bytes_per_second <= 0:
             raise ValueError(f"offloaded values on device {self.problem.device!r}, which has no host link")
 
+    def _check_refreshed(self) -> None:
+        """Raise ValueError unless every refreshed storage is one tensor per step: every value of
+        it that backward has is a refreshed recomputation (none kept, offloaded or returned)."""
+        values = self.problem.values
+        if not self.refreshed <= self.recomputed:
+            raise ValueError(f"refreshed values that are not recomputed: "
+                             f"{sorted(values[i].name for i in self.refreshed - self.recomputed)[:10]}")
+        storages = {values[i].storage for i in self.refreshed}
+        for i in self.kept | self.offloaded | (self.recomputed - self.refreshed):
+            if values[i].storage in storages:
+                raise ValueError(f"{values[i].name!r} shares a storage with a refreshed value but is not refreshed")
+        if storages & {values[i].storage for i in self.problem.forward_outputs}:
+            raise ValueError("a refreshed value shares a storage with a forward output")
+
     @functools.cached_property
     def _materializations(self) -> dict[int, int]:
-        """How many times backward makes each recomputed value (``memory.materializations``)."""
+        """How many times backward makes each recomputed value (``lifetimes.materializations``)."""
         if not self.refreshed:
             return dict.fromkeys(self.recomputed, 1)
-        from .memory import materializations
-
-        return materializations(self.problem, self)
+        return _analysis("materializations")(self.problem, self)
 
     @property
     def kept_bytes(self) -> int:
@@ -238,12 +262,10 @@ class Plan:
 
     @property
     def exposed_transfer_seconds(self) -> float:
-        """Predicted transfer time not hidden behind compute (``solvers.offload``'s link model)."""
+        """Predicted transfer time not hidden behind compute (``solvers.analysis.transfers``'s link model)."""
         if not self.offloaded:
             return 0.0
-        from .offload import transfer_schedule
-
-        return transfer_schedule(self.problem, self).exposed_seconds
+        return _analysis("transfer_schedule")(self.problem, self).exposed_seconds
 
     @property
     def predicted_extra_seconds(self) -> float:

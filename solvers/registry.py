@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from ._graph import forced_keeps
+from .analysis.graph_facts import forced_keeps
 from .errors import SolverError
 from .problem import Plan, Problem, closure_from_keep_set
 from .status import BudgetKind, Status

@@ -18,10 +18,10 @@ class Tag(enum.StrEnum):
     MUTATION = "mutation"  # writes state the step reads later: never run twice
     VIEW = "view"  # shares its base's storage: free to keep once the base is
     MATMUL = "matmul"
-    ATTENTION_CORE = "attention_core"  # between two activation-by-activation matmuls (remat_pass.attention_core)
+    ATTENTION_CORE = "attention_core"  # between two activation-by-activation matmuls (remat_pass.annotate.attention_core)
     DROPOUT_REPLAY = "dropout_replay"  # a dropout output rebuilt from its input and kept mask
     COLLECTIVE = "collective"  # communication over a process group: never run twice
-    CHECKPOINTED = "checkpointed"  # recomputed by the model's own checkpointing (remat_pass.baseline)
+    CHECKPOINTED = "checkpointed"  # recomputed by the model's own checkpointing (remat_pass.annotate.baseline)
     PIECE_INPUT = "piece_input"  # an input of a graph piece, charged when kept: keepable, never recomputed
 
 

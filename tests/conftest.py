@@ -18,7 +18,7 @@ def _fresh_dynamo():
 def gpt_step() -> Problem:
     """A traced two-layer GPT step with dropout, its loss included: tuples (layer norm), views,
     replayed dropout, attention (``test_exact_rows``, ``test_peak_rows``)."""
-    from remat_pass.pipeline import trace_step
+    from remat_pass.planning.pipeline import trace_step
 
     from .models import make_case
 

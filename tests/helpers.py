@@ -11,7 +11,7 @@ from torch import nn
 
 import remat_pass
 from remat_pass import BudgetInfeasibleError
-from remat_pass.measure import saved_activation_bytes
+from remat_pass.runtime.measure import saved_activation_bytes
 
 
 @dataclass

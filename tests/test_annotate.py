@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from remat_pass.annotate import META_KEY, annotate
-from remat_pass.capture import capture
+from remat_pass.annotate.annotate import META_KEY, annotate
+from remat_pass.capture.capture import capture
 from remat_pass.solvers.problem import recomputable_from_inputs
 from remat_pass.solvers.tags import Tag
 
@@ -158,7 +158,7 @@ def test_cpu_fused_attention_counts_its_matmul_flops():
 
 
 def test_auto_profile_is_the_device_the_step_runs_on(monkeypatch):
-    from remat_pass.costs import get_profile, model_profile, profile_name_for
+    from remat_pass.annotate.costs import get_profile, model_profile, profile_name_for
 
     assert _annotated(TwoLayer(), torch.randn(64, 4), device="auto").problem.device == "cpu"
     assert model_profile("auto", TwoLayer()) == "cpu" and model_profile("h200", TwoLayer()) == "h200"

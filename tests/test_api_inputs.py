@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import remat_pass
-from remat_pass.inputs import CallInputs, call_inputs, canonical, forward_signature
+from remat_pass.capture.inputs import CallInputs, call_inputs, canonical, forward_signature
 
 from .helpers import assert_same_step, run_step
 
@@ -203,7 +203,7 @@ def test_plan_with_keywords_predicts_what_optimize_keeps():
 
 
 def test_explain_and_sweep_take_a_batch_dict_too():
-    from remat_pass.explain import explain
+    from remat_pass.tools.explain import explain
 
     model, batch = KeywordModel(), _batch()
     report = explain(model, batch, budget=0.5)
@@ -217,7 +217,7 @@ def test_cli_factory_may_return_a_batch_dict(capsys, monkeypatch):
     import json
     from pathlib import Path
 
-    from remat_pass.cli import main
+    from remat_pass.tools.cli import main
 
     monkeypatch.chdir(Path(__file__).parents[1])
     assert main(["explain", "tests/explain_factory.py:factory_keywords", "--budget", "0.5", "--json"]) == 0

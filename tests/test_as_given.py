@@ -1,5 +1,5 @@
 """Never hold more than the step the user runs today: keep-all against eager, and a model's own
-checkpoint regions as the reference (``remat_pass.baseline``)."""
+checkpoint regions as the reference (``remat_pass.annotate.baseline``)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from torch.utils.checkpoint import checkpoint
 
 import remat_pass
 from remat_pass import solvers
-from remat_pass.annotate import annotate
-from remat_pass.baseline import as_given_plan, has_checkpoint_regions
-from remat_pass.capture import capture
+from remat_pass.annotate.annotate import annotate
+from remat_pass.annotate.baseline import as_given_plan, has_checkpoint_regions
+from remat_pass.capture.capture import capture
 
 from .helpers import assert_same_step, eager_reference, run_step
 

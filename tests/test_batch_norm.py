@@ -1,4 +1,4 @@
-"""Training BatchNorm is recomputed without its running statistics (remat_pass.batch_norm)."""
+"""Training BatchNorm is recomputed without its running statistics (remat_pass.annotate.batch_norm)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from torch import nn
 
 import remat_pass
 from remat_pass import solvers
-from remat_pass.annotate import annotate
-from remat_pass.capture import capture
-from remat_pass.measure import peak_activation_bytes
-from remat_pass.rewrite import rewrite
-from remat_pass.simulate import simulate
-from remat_pass.solvers.memory import simulate_plan
+from remat_pass.annotate.annotate import annotate
+from remat_pass.capture.capture import capture
+from remat_pass.runtime.measure import peak_activation_bytes
+from remat_pass.rewrite.rewrite import rewrite
+from remat_pass.rewrite.simulate import simulate
+from remat_pass.solvers.analysis.memory import simulate_plan
 
 from .helpers import eager_reference, run_step
 from .models import make_case

@@ -11,7 +11,7 @@ from benchmarks import metrics
 from benchmarks.cli import main
 from benchmarks.models import ModelSpec, build
 from benchmarks.strategies import Strategy, remat_optimize
-from remat_pass.solvers import cpsat
+from remat_pass.solvers.mip import cpsat
 
 CPU = torch.device("cpu")
 

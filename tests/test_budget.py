@@ -7,7 +7,7 @@ import torch
 
 import remat_pass
 from remat_pass import InvalidBudgetError
-from remat_pass.budget import Budget, parse_budget
+from remat_pass.planning.budget import Budget, parse_budget
 
 
 @pytest.mark.parametrize(
@@ -88,7 +88,7 @@ def test_percentage_like_int_budgets_are_refused_with_a_guess(value, guess):
 
 
 def test_tiny_caps_are_accepted_with_a_unit_and_bare_ints_above_one_hundred():
-    from remat_pass.budget import MAX_AMBIGUOUS_INT
+    from remat_pass.planning.budget import MAX_AMBIGUOUS_INT
 
     assert MAX_AMBIGUOUS_INT == 100
     assert parse_budget("64B") == Budget(nbytes=64) and parse_budget("1b") == Budget(nbytes=1)
@@ -112,10 +112,10 @@ def test_a_peak_budget_says_when_the_loss_is_outside_the_plan(caplog):
     with_loss = GPTWithLoss(tiny_gpt_config())
     tokens = torch.randint(0, 64, (2, 16))
     targets = torch.randint(0, 64, (2, 16))
-    with caplog.at_level(logging.WARNING, logger="remat_pass.pipeline"):
+    with caplog.at_level(logging.WARNING, logger="remat_pass.planning.pipeline"):
         remat_pass.optimize(with_loss.gpt, budget=0.9, budget_kind="peak", example_inputs=(tokens,))
     assert "not a scalar loss" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="remat_pass.pipeline"):
+    with caplog.at_level(logging.WARNING, logger="remat_pass.planning.pipeline"):
         remat_pass.optimize(with_loss, budget=0.9, budget_kind="peak", example_inputs=(tokens, targets))
     assert "not a scalar loss" not in caplog.text

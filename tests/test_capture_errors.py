@@ -14,7 +14,7 @@ from torch import nn
 
 import remat_pass
 from remat_pass import CaptureError
-from remat_pass.capture_errors import CaptureCause, _last_frame_in_text
+from remat_pass.capture.capture_errors import CaptureCause, _last_frame_in_text
 
 from .helpers import assert_same_step, eager_reference, run_step
 
@@ -151,7 +151,7 @@ def test_optimize_warms_up_a_first_call_lock_itself(caplog):
     model, x = LazyHooksUnderALock(), torch.randn(3, 4)
     loss = lambda out, *_: out.sum()  # noqa: E731
     expected = eager_reference(copy.deepcopy(model), (x,), loss)
-    with caplog.at_level("WARNING", logger="remat_pass.api"):
+    with caplog.at_level("WARNING", logger="remat_pass.runtime.api"):
         actual = run_step(model, remat_pass.optimize(model, budget=0.5), (x,), loss)
     assert_same_step(actual, expected)
     assert model.hooks_installed and any("warm-up forward" in r.getMessage() for r in caplog.records)

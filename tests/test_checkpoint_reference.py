@@ -4,7 +4,7 @@
 Llama and BERT configs without dropout (torch replays dropout's RNG, the plan keeps the 1-byte
 mask: they differ by design there), with Hugging Face's own ``gradient_checkpointing_enable``:
 
-* what the plan keeps is what torch saves for backward (``remat_pass.measure``'s hooks) to the
+* what the plan keeps is what torch saves for backward (``remat_pass.runtime.measure``'s hooks) to the
   byte, plus the tensors the checkpointed layers read through keyword arguments, which torch
   holds by reference in its recompute closure rather than saving (Llama's rotary ``cos``/``sin``);
 * the plan recomputes exactly the FLOPs torch's checkpointing adds to the step;
@@ -21,10 +21,10 @@ from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import remat_pass
-from remat_pass.annotate import annotate
-from remat_pass.capture import capture
-from remat_pass.flops import extra_flop_formulas
-from remat_pass.measure import peak_activation_bytes, saved_activation_bytes
+from remat_pass.annotate.annotate import annotate
+from remat_pass.capture.capture import capture
+from remat_pass.annotate.flops import extra_flop_formulas
+from remat_pass.runtime.measure import peak_activation_bytes, saved_activation_bytes
 from remat_pass.solvers import baselines
 
 from .helpers import set_hf_checkpointing
@@ -82,7 +82,7 @@ def _torch_checkpointing(model: _LossOf, tokens: torch.Tensor) -> dict[str, int]
     outside = [*model.parameters(), *model.buffers(), tokens, model.targets]
 
     def flops() -> int:
-        # With the CPU attention kernels' formulas, which flop_counter lacks (remat_pass.flops).
+        # With the CPU attention kernels' formulas, which flop_counter lacks (remat_pass.annotate.flops).
         with FlopCounterMode(display=False, custom_mapping=extra_flop_formulas()) as counter:
             model(tokens).backward()
         return counter.get_total_flops()
@@ -136,7 +136,7 @@ def test_per_block_is_torch_checkpointing(name: str) -> None:
 
 @pytest.mark.parametrize("name", [pytest.param("gpt2", marks=slow), "llama", pytest.param("bert", marks=slow)])
 def test_chen_sqrt_is_segmented_and_peaks_below_keep_all(name: str) -> None:
-    from remat_pass.solvers.memory import simulate_plan
+    from remat_pass.solvers.analysis.memory import simulate_plan
 
     model, tokens = _case(name)
     problem = annotate(capture(model, (tokens,))[0]).problem

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from remat_pass.cli import main
-from remat_pass.estimate import (
+from remat_pass.tools.cli import main
+from remat_pass.tools.estimate import (
     Policy,
     Workload,
     layer_activation_bytes,
@@ -27,7 +27,7 @@ SHARDED = ["--tp", "8", "--sequence-parallel", "--dp", "8", "--zero", "1", "--vo
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "remat_pass.cli", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "remat_pass.tools.cli", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
 
 
@@ -114,7 +114,7 @@ def test_modules_do_not_import_torch() -> None:
     code = (
         "import importlib.util, sys\n"
         "for name in ('estimate', 'cli'):\n"
-        f"    spec = importlib.util.spec_from_file_location(name, {str(ROOT / 'remat_pass')!r} + f'/{{name}}.py')\n"
+        f"    spec = importlib.util.spec_from_file_location(name, {str(ROOT / 'remat_pass' / 'tools')!r} + f'/{{name}}.py')\n"
         "    module = importlib.util.module_from_spec(spec); sys.modules[name] = module\n"
         "    spec.loader.exec_module(module)\n"
         "assert 'torch' not in sys.modules, 'torch was imported'\n"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from remat_pass.cli import main
-from remat_pass.explain import explain_traced
-from remat_pass.pipeline import trace_step
+from remat_pass.tools.cli import main
+from remat_pass.tools.explain import explain_traced
+from remat_pass.planning.pipeline import trace_step
 
 from .explain_factory import factory
 
@@ -22,7 +22,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "remat_pass.cli", *args], cwd=ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "remat_pass.tools.cli", *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
 
 
@@ -101,7 +101,7 @@ def test_infeasible_budget_exits_1_and_names_the_smallest(capsys, monkeypatch):
 
 
 def test_memory_timeline_is_drawn_from_the_simulator(tmp_path, capsys, monkeypatch):
-    from remat_pass import report
+    from remat_pass.tools import report
 
     seen = []
     simulated = report.memory_timeline

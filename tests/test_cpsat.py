@@ -1,11 +1,11 @@
-"""CP-SAT as a backend (``solvers.cpsat``): exact where it claims to be, refusing what it cannot take."""
+"""CP-SAT as a backend (``solvers.mip.cpsat``): exact where it claims to be, refusing what it cannot take."""
 
 from __future__ import annotations
 
 import pulp
 import pytest
 
-from remat_pass.solvers import _mip, cpsat
+from remat_pass.solvers.mip import solve as _mip, cpsat
 from remat_pass.solvers.errors import SolverError, SolverUnavailableError
 
 pytestmark = pytest.mark.skipif(not cpsat.available(), reason="OR-Tools is not installed")
@@ -42,7 +42,7 @@ def test_a_fractional_objective_gives_a_true_lower_bound_and_claims_no_proof():
 
 
 def test_an_implied_integral_variable_is_taken_as_an_integer_and_others_are_refused():
-    """A max of 0/1 literals (``_mip.fraction``) is fine; an arbitrary continuous one is not."""
+    """A max of 0/1 literals (``mip.solve.fraction``) is fine; an arbitrary continuous one is not."""
     model = pulp.LpProblem("either", pulp.LpMinimize)
     a, b = _mip.binary(model, "a"), _mip.binary(model, "b")
     either = _mip.fraction(model, "either")
@@ -88,7 +88,7 @@ def test_without_ortools_the_backend_names_the_install(monkeypatch):
 
 
 def test_the_exact_rows_use_cpsat_when_installed_and_the_main_backend_otherwise(monkeypatch):
-    from remat_pass.solvers.exact_rows import exact_backend_for
+    from remat_pass.solvers.peak.exact_rows import exact_backend_for
 
     assert exact_backend_for("auto", "highs") == "cpsat"
     assert exact_backend_for("highs", "cbc") == "highs"

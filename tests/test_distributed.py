@@ -30,11 +30,11 @@ import torch.distributed as dist
 from torch import nn
 
 import remat_pass
-from remat_pass.annotate import annotate
-from remat_pass.capture import capture
+from remat_pass.annotate.annotate import annotate
+from remat_pass.capture.capture import capture
 from remat_pass.errors import CaptureError
-from remat_pass.measure import saved_activation_bytes
-from remat_pass.pipeline import kept_input_bytes
+from remat_pass.planning.pipeline import kept_input_bytes
+from remat_pass.runtime.measure import saved_activation_bytes
 from remat_pass.solvers.tags import Tag
 
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
@@ -414,7 +414,7 @@ def test_a_recomputed_collective_would_be_priced_as_communication():
     """The cost hook: an all-gather over 2 ranks sends half its 4 KiB output over one link."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from remat_pass.collectives import LINK_BYTES_PER_SECOND, collective_seconds
+    from remat_pass.annotate.collectives import LINK_BYTES_PER_SECOND, collective_seconds
 
     graph = torch.fx.Graph()
     shard = graph.placeholder("shard")
@@ -521,7 +521,7 @@ def test_infeasible_piece_raises_naming_it_or_is_clamped_with_a_warning(caplog):
     torch._dynamo.reset()
     reference = copy.deepcopy(model)
     backend = remat_pass.backend(budget=0.3, on_infeasible="clamp")
-    with caplog.at_level("WARNING", logger="remat_pass.pipeline"):
+    with caplog.at_level("WARNING", logger="remat_pass.planning.pipeline"):
         actual = _step(torch.compile(model, backend=backend), x)
     expected = _step(reference, x)
     assert torch.equal(actual[0], expected[0]) and all(map(torch.equal, actual[1], expected[1]))
@@ -567,7 +567,7 @@ def test_backend_pieces_split_an_absolute_budget_and_refuse_a_peak_one():
 
 @pytest.mark.parametrize("text, budget", [("0.3", 0.3), ("2GiB", "2GiB"), ("1000", "1000"), (".5", 0.5)])
 def test_registered_backend_reads_its_budget_from_the_environment(text, budget):
-    from remat_pass.dynamo_backend import settings_from_environment
+    from remat_pass.runtime.dynamo_backend import settings_from_environment
 
     settings = settings_from_environment({"REMAT_PASS_BUDGET": text})
     assert settings == {"budget": budget, "budget_kind": "auto", "on_infeasible": "clamp"}
@@ -580,7 +580,7 @@ def test_registered_backend_reads_its_budget_from_the_environment(text, budget):
     ({"REMAT_PASS_ON_INFEASIBLE": "skip"}, "REMAT_PASS_ON_INFEASIBLE='skip'"),
 ])
 def test_registered_backend_rejects_bad_environment(environ, message):
-    from remat_pass.dynamo_backend import settings_from_environment
+    from remat_pass.runtime.dynamo_backend import settings_from_environment
 
     with pytest.raises(ValueError, match=message):
         settings_from_environment(environ)
@@ -591,7 +591,7 @@ def test_registered_backend_plans_at_the_environments_budget(monkeypatch, caplog
     torch.manual_seed(0)
     model, x = Net(), torch.randn(6, 8)
     reference = copy.deepcopy(model)
-    with caplog.at_level("INFO", logger="remat_pass.pipeline"):
+    with caplog.at_level("INFO", logger="remat_pass.planning.pipeline"):
         actual = _step(torch.compile(model, backend="remat"), x)
     expected = _step(reference, x)
     assert torch.equal(actual[0], expected[0]) and all(map(torch.equal, actual[1], expected[1]))
@@ -608,7 +608,7 @@ def test_torchtitan_order_with_the_registered_backend_plans_identical_blocks_onc
     reference = copy.deepcopy(model)
     for name, block in model.blocks.named_children():
         model.blocks.register_module(name, torch.compile(block, backend="remat", fullgraph=True))
-    with caplog.at_level("INFO", logger="remat_pass.pipeline"):
+    with caplog.at_level("INFO", logger="remat_pass.planning.pipeline"):
         actual = _step(model, x)
     expected = _step(reference, x)
     assert torch.equal(actual[0], expected[0]) and all(map(torch.equal, actual[1], expected[1]))

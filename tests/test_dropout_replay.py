@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 import remat_pass
-from remat_pass import dropout_replay
-from remat_pass.dropout_replay import replay, replay_is_exact
+from remat_pass.annotate import dropout_replay
+from remat_pass.annotate.dropout_replay import replay, replay_is_exact
 
 from .helpers import eager_reference, run_step
 

@@ -83,7 +83,7 @@ def test_dropout_masks_equal_eager_bit_for_bit():
 def test_batchnorm_statistics_updated_once_per_step():
     model, inputs, loss_fn = make_case("cnn")
     expected = eager_reference(model, inputs, loss_fn)
-    # BatchNorm is recomputed in backward without its running statistics (remat_pass.batch_norm),
+    # BatchNorm is recomputed in backward without its running statistics (remat_pass.annotate.batch_norm),
     # so the smallest budget saves almost nothing; the statistics must still move exactly once.
     smallest = solvers.min_feasible_bytes(_keep_all_problem("cnn"))
     optimized = remat_pass.optimize(model, budget=f"{max(smallest, 1)}B", budget_kind="saved")

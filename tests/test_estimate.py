@@ -16,8 +16,8 @@ from fractions import Fraction
 
 import pytest
 
-from remat_pass.layer_policies import activation_peak, search_counts
-from remat_pass.estimate import (
+from remat_pass.tools.layer_policies import activation_peak, search_counts
+from remat_pass.tools.estimate import (
     Hardware,
     DoesNotFitError,
     LayerPlan,

@@ -1,4 +1,4 @@
-"""The exact peak rows (``solvers.exact_rows``): every plan that fits satisfies them (so the peak
+"""The exact peak rows (``solvers.peak.exact_rows``): every plan that fits satisfies them (so the peak
 planner's bound stays a proven lower bound), and at an op they count exactly what the simulator
 holds (so they are as tight as the schedule allows)."""
 
@@ -8,13 +8,15 @@ import random
 
 import pytest
 
-from remat_pass.solvers import baselines, cpsat
-from remat_pass.solvers._graph import relevant_values
-from remat_pass.solvers._attempt import model_rows
-from remat_pass.solvers._mip import run_mip
-from remat_pass.solvers._model import Rounding, build, rounding_for, time_weights
-from remat_pass.solvers.exact_rows import ExactRowPlaces, ExactStepRows
-from remat_pass.solvers.memory import backward_lifetimes, backward_steps_of, second_tensors, simulate_plan
+from remat_pass.solvers import baselines
+from remat_pass.solvers.mip import cpsat
+from remat_pass.solvers.analysis.graph_facts import relevant_values
+from remat_pass.solvers.mip.backend_run import model_rows
+from remat_pass.solvers.mip.solve import run_mip
+from remat_pass.solvers.mip.keep_model import Rounding, build, rounding_for, time_weights
+from remat_pass.solvers.peak.exact_rows import ExactRowPlaces, ExactStepRows
+from remat_pass.solvers.analysis.memory import second_tensors, simulate_plan
+from remat_pass.solvers.analysis.lifetimes import backward_lifetimes, backward_steps_of
 from remat_pass.solvers.problem import Plan, Problem, closure_from_keep_set
 
 
@@ -82,7 +84,7 @@ def test_the_same_with_rows_at_every_step_on_more_plans(gpt_step):
 
 @pytest.mark.skipif(not cpsat.available(), reason="OR-Tools is not installed")
 def test_cpsat_and_highs_agree_on_an_exact_round(gpt_step):
-    """The CP-SAT translation (``solvers.cpsat``) of a real exact round: its solution satisfies
+    """The CP-SAT translation (``solvers.mip.cpsat``) of a real exact round: its solution satisfies
     every row of the PuLP model, its bound is below HiGHS's solution and HiGHS's bound below its
     solution, and where both prove an optimum it is the same one."""
     problem = gpt_step

@@ -1,4 +1,4 @@
-"""Plan.per_module / to_dict and remat_pass.explain: per-module bytes checked against hand computation.
+"""Plan.per_module / to_dict and remat_pass.tools.explain: per-module bytes checked against hand computation.
 
 The model (tests/explain_factory.py) is a 2-block MLP on x (4, 8) fp32, hidden 16, no biases:
 fc1 and tanh outputs are 4*16*4 = 256 bytes, fc2 outputs and residual sums 4*8*4 = 128 bytes.
@@ -13,8 +13,8 @@ import pytest
 
 from remat_pass import solvers
 from remat_pass.errors import BudgetInfeasibleError
-from remat_pass.explain import Explanation, explain, explain_traced
-from remat_pass.pipeline import trace_step
+from remat_pass.tools.explain import Explanation, explain, explain_traced
+from remat_pass.planning.pipeline import trace_step
 from remat_pass.solvers.module_account import ModuleRow
 from remat_pass.solvers.problem import Plan, Problem, Value, closure_from_keep_set
 from remat_pass.solvers.tags import Tag

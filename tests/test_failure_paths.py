@@ -23,7 +23,7 @@ from torch import nn
 import remat_pass
 from remat_pass import CaptureError, SolverError, SolverUnavailableError
 from remat_pass.examples import GPT, GPTConfig
-from remat_pass.solvers import _mip
+from remat_pass.solvers.mip import solve as _mip
 
 from .helpers import assert_same_step, eager_reference, run_step
 from .zoo_models import make_zoo

@@ -1,7 +1,7 @@
 """The fast planner ("fast", ``solvers.fast``) against the exact ILP, and block detection (``solvers.fast.blocks``).
 
 The reference is the ILP on PuLP's CBC: on these tiny problems it is instant, and it does not
-share the HiGHS MIP-start quirk (see ``_mip._stale_highs_solution``).
+share the HiGHS MIP-start quirk (see ``mip.solve._stale_highs_solution``).
 Random problems come from a fixed-seed table: chains of identical blocks (with and without values
 that couple neighbouring blocks) and unstructured bodies, with views sharing storages, tuple
 values, random (never recomputed) ops and available inputs.
@@ -188,7 +188,7 @@ def test_group_problem_mirrors_the_group() -> None:
 @pytest.fixture(scope="module")
 def gpt_problem() -> Problem:
     from remat_pass.examples import GPT, GPTConfig
-    from remat_pass.pipeline import trace_step
+    from remat_pass.planning.pipeline import trace_step
 
     torch._dynamo.reset()
     torch.manual_seed(0)

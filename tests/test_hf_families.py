@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import remat_pass
-from remat_pass.pipeline import without_headroom
+from remat_pass.planning.pipeline import without_headroom
 from remat_pass.solvers import baselines
-from remat_pass.solvers.memory import simulate_plan
+from remat_pass.solvers.analysis.memory import simulate_plan
 from remat_pass.solvers.problem import Plan
 
 from benchmarks.hf_families import FAMILIES, family_model

@@ -1,4 +1,4 @@
-"""The simulator-judged local search (``solvers.local_search``): never over budget, never costlier,
+"""The simulator-judged local search (``solvers.peak.local_search``): never over budget, never costlier,
 and it finds what per-block checkpointing leaves on the table; its repair makes plans that
 overshoot fit by giving up kept values."""
 
@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from remat_pass.solvers import baselines
-from remat_pass.solvers._graph import relevant_values
-from remat_pass.solvers.local_search import improve, repair
-from remat_pass.solvers.memory import simulate_plan
+from remat_pass.solvers.analysis.graph_facts import relevant_values
+from remat_pass.solvers.peak.local_search import improve, repair
+from remat_pass.solvers.analysis.memory import simulate_plan
 from remat_pass.solvers.problem import Plan, Problem, closure_from_keep_set
 
 from .models import make_case
@@ -48,7 +48,7 @@ def test_from_every_plan_that_fits_the_result_fits_and_is_no_costlier():
 @pytest.fixture(scope="module")
 def gpt_at_per_blocks_peak() -> tuple[Problem, Plan, int]:
     """The GPT case's step (FLOP-priced), per-block checkpointing's plan, and its simulated peak."""
-    from remat_pass.pipeline import trace_step
+    from remat_pass.planning.pipeline import trace_step
 
     torch._dynamo.reset()
     model, inputs, loss = make_case("gpt")

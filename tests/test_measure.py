@@ -1,11 +1,11 @@
-"""The allocator measurement (remat_pass.measure) on hand-counted cases; tests and benchmarks both use it."""
+"""The allocator measurement (remat_pass.runtime.measure) on hand-counted cases; tests and benchmarks both use it."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from remat_pass.measure import allocator_peak, held_bytes, saved_activation_bytes
+from remat_pass.runtime.measure import allocator_peak, held_bytes, saved_activation_bytes
 
 CPU = torch.device("cpu")
 
@@ -80,7 +80,7 @@ def test_cuda_allocator_history_is_replayed_in_order():
     counts from its alloc to its completed free; frees of blocks allocated before the call and
     segment events are ignored."""
     from remat_pass.compat import _allocator_trace_events
-    from remat_pass.measure import _replay
+    from remat_pass.runtime.measure import _replay
 
     trace = [
         {"action": "segment_alloc", "addr": 0, "size": 2 << 20},

@@ -1,16 +1,17 @@
-"""Block-mirrored plans (``solvers.mirrored``): identical blocks tied in the peak rows' MIP."""
+"""Block-mirrored plans (``solvers.peak.mirrored_blocks``): identical blocks tied in the peak rows' MIP."""
 
 from __future__ import annotations
 
 import pytest
 
 from remat_pass.solvers import baselines
-from remat_pass.solvers._model import build, rounding_for, weights_for
-from remat_pass.solvers._run import solve_once
+from remat_pass.solvers.mip.keep_model import build, rounding_for, weights_for
+from remat_pass.solvers.mip.run_keep import solve_once
 from remat_pass.solvers.fast.blocks import decompose
-from remat_pass.solvers.memory import backward_steps_of, simulate_plan
-from remat_pass.solvers.mirrored import MIN_BLOCKS, MirroredRows, mirrored_pairs, shadowed_steps
-from remat_pass.solvers.peak_rows import PeakRows
+from remat_pass.solvers.analysis.memory import simulate_plan
+from remat_pass.solvers.analysis.lifetimes import backward_steps_of
+from remat_pass.solvers.peak.mirrored_blocks import MIN_BLOCKS, MirroredRows, mirrored_pairs, shadowed_steps
+from remat_pass.solvers.peak.rows import PeakRows
 from remat_pass.solvers.problem import Plan
 
 from .test_fast_solver import random_problem

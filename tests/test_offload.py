@@ -6,23 +6,23 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from remat_pass.solvers.memory import simulate_plan
+from remat_pass.solvers.analysis.memory import simulate_plan
 from remat_pass.solvers.tags import Tag
 from torch import nn
 
 import remat_pass
 from remat_pass import solvers
-from remat_pass.annotate import annotate
-from remat_pass.capture import capture
+from remat_pass.annotate.annotate import annotate
+from remat_pass.capture.capture import capture
 from remat_pass.examples import GPTConfig
-from remat_pass.offload import (
+from remat_pass.rewrite.offload import (
     HOST_META,
     OffloadUnavailableError,
     ao_ops_available,
     transfer_ops,
 )
-from remat_pass.rewrite import rewrite
-from remat_pass.simulate import simulate
+from remat_pass.rewrite.rewrite import rewrite
+from remat_pass.rewrite.simulate import simulate
 
 from .models import GPTWithLoss
 from .helpers import eager_reference, run_step
@@ -151,7 +151,7 @@ def test_offload_on_a_device_without_a_host_link_is_a_clear_error():
 
 
 def test_offload_on_a_torch_without_the_ops_is_a_clear_error(monkeypatch):
-    monkeypatch.setattr("remat_pass.offload.ao_ops_available", lambda: False)
+    monkeypatch.setattr("remat_pass.rewrite.offload.ao_ops_available", lambda: False)
     with pytest.raises(OffloadUnavailableError, match=r"torch\.ops\.ao\.offload.*torch 2\.13"):
         transfer_ops(torch.device("cuda"))
     assert transfer_ops(torch.device("cpu")).kind == "stand-in"  # the CPU needs no accelerator ops
@@ -183,7 +183,7 @@ def test_the_backend_and_plan_take_offload_too():
 
 def test_host_budget_is_a_size():
     from remat_pass.errors import InvalidBudgetError
-    from remat_pass.offload import parse_host_budget
+    from remat_pass.rewrite.offload import parse_host_budget
 
     assert parse_host_budget("2KiB") == 2048 and parse_host_budget(None) is None
     with pytest.raises(InvalidBudgetError, match="host_budget is a size"):

@@ -4,7 +4,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from remat_pass import pipeline, solvers
+from remat_pass import solvers
+from remat_pass.planning import pipeline
 
 
 def _planned(extra_seconds: float, offloaded: bool) -> SimpleNamespace:

@@ -4,8 +4,8 @@ not, what its transfers cost and what they do to memory."""
 from __future__ import annotations
 
 import pytest
-from remat_pass.solvers.memory import simulate_plan
-from remat_pass.solvers.offload import offload_candidates, transfer_schedule
+from remat_pass.solvers.analysis.memory import simulate_plan
+from remat_pass.solvers.analysis.transfers import offload_candidates, transfer_schedule
 from remat_pass.solvers.problem import BackwardStep, Plan, Problem, Value
 from remat_pass.solvers.tags import Tag
 

@@ -1,4 +1,4 @@
-"""Measured op costs (costs="measure", remat_pass.op_timing): sane prices, eager's gradients, no trace left."""
+"""Measured op costs (costs="measure", remat_pass.annotate.op_timing): sane prices, eager's gradients, no trace left."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import torch
 from torch import nn
 
 import remat_pass
-from remat_pass.annotate import annotate, tangent_dependent
-from remat_pass.capture import capture
+from remat_pass.annotate.annotate import annotate, tangent_dependent
+from remat_pass.capture.capture import capture
 from remat_pass.examples import GPTConfig
-from remat_pass.op_timing import Unmeasurable, measure_forward_ops
-from remat_pass.pipeline import trace_step
+from remat_pass.annotate.op_timing import Unmeasurable, measure_forward_ops
+from remat_pass.planning.pipeline import trace_step
 
 from .helpers import eager_reference, run_step
 from .models import ConvNet, GPTWithLoss
@@ -38,7 +38,7 @@ def _op(problem, prefix: str):
 
 def test_measured_costs_are_positive_and_rank_a_big_matmul_above_a_tiny_pointwise_op(caplog):
     torch.manual_seed(0)
-    with caplog.at_level(logging.INFO, logger="remat_pass.op_timing"):
+    with caplog.at_level(logging.INFO, logger="remat_pass.annotate.op_timing"):
         problem = trace_step(BigAndSmall(), torch.randn(512, 256), costs="measure").problem
     assert "measured" in caplog.text and "roofline instead" not in caplog.text
     assert problem.costs == "measure"
@@ -67,7 +67,7 @@ def test_a_constant_the_trace_lifted_is_measured_with_its_real_value(caplog):
     """Measuring used to fail on the constant (KeyError, reported as a remat_pass bug); now the op
     that reads it is timed like any other, and the plan gives eager's gradients."""
     torch.manual_seed(0)
-    with caplog.at_level(logging.INFO, logger="remat_pass.op_timing"):
+    with caplog.at_level(logging.INFO, logger="remat_pass.annotate.op_timing"):
         problem = trace_step(WithConstant(), torch.randn(64, 16), costs="measure").problem
     assert problem.costs == "measure" and "roofline instead" not in caplog.text
     assert _op(problem, "mul.").recompute_seconds > 0
@@ -93,7 +93,7 @@ def test_measured_plans_give_eager_gradients_bit_for_bit_with_dropout(budget, ca
     model, inputs = _gpt_case()
     expected = eager_reference(model, inputs, lambda loss, *_: loss)
     optimized = remat_pass.optimize(model, budget=budget, costs="measure")
-    with caplog.at_level(logging.INFO, logger="remat_pass.op_timing"):
+    with caplog.at_level(logging.INFO, logger="remat_pass.annotate.op_timing"):
         actual = run_step(model, optimized, inputs, lambda loss, *_: loss)
     assert "measured" in caplog.text and "roofline instead" not in caplog.text
     assert optimized.plan.recomputed
@@ -131,7 +131,7 @@ def test_meta_tensors_fall_back_to_the_roofline_with_a_warning(caplog):
     with torch.device("meta"):
         model = BigAndSmall()
     x = torch.empty(512, 256, device="meta")
-    with caplog.at_level(logging.WARNING, logger="remat_pass.op_timing"):
+    with caplog.at_level(logging.WARNING, logger="remat_pass.annotate.op_timing"):
         measured = remat_pass.plan(model, x, budget=0.5, device="cpu", costs="measure")
     assert "fake tensors" in caplog.text and "roofline instead" in caplog.text
     assert measured.problem.costs == "roofline"  # what really priced it

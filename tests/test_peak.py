@@ -9,13 +9,13 @@ from torch import nn
 import remat_pass
 from remat_pass import solvers
 from remat_pass import BudgetInfeasibleError
-from remat_pass.annotate import annotate
-from remat_pass.capture import capture
+from remat_pass.annotate.annotate import annotate
+from remat_pass.capture.capture import capture
 from remat_pass.examples import GPTConfig
-from remat_pass.measure import peak_activation_bytes
-from remat_pass.rewrite import rewrite
-from remat_pass.simulate import simulate
-from remat_pass.solvers.memory import simulate_plan
+from remat_pass.runtime.measure import peak_activation_bytes
+from remat_pass.rewrite.rewrite import rewrite
+from remat_pass.rewrite.simulate import simulate
+from remat_pass.solvers.analysis.memory import simulate_plan
 
 from .models import GPTWithLoss
 from .helpers import assert_same_step, eager_reference, run_step
@@ -131,7 +131,7 @@ def test_the_peak_planner_answers_within_its_time_limit(monkeypatch):
     least). On the refresh chain the answer is a refreshed plan, so every phase runs."""
     import time
 
-    from remat_pass.solvers import peak
+    from remat_pass.solvers.peak import planner as peak
 
     from .test_refresh import _chain
 
@@ -168,7 +168,7 @@ def test_an_answer_the_rows_do_not_prove_gets_the_any_schedule_bound_too(monkeyp
     The any-schedule bound is asked for then, and where it is higher it is the one that counts (here
     a stand-in at the answer's own cost makes it optimal); without a bound from it the rows' gap
     stands. With offload allowed it is not asked: it bounds recompute schedules only."""
-    from remat_pass.solvers import peak
+    from remat_pass.solvers.peak import planner as peak
 
     from .test_solvers import transformer
 

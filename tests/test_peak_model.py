@@ -1,11 +1,11 @@
-"""The plan-level peak model (``solvers.memory``) on hand-made problems: outputs held to the end."""
+"""The plan-level peak model (``solvers.analysis.memory``) on hand-made problems: outputs held to the end."""
 
 from __future__ import annotations
 
 import pytest
 
-from remat_pass.solvers import cpsat
-from remat_pass.solvers.memory import simulate_plan
+from remat_pass.solvers.mip import cpsat
+from remat_pass.solvers.analysis.memory import simulate_plan
 from remat_pass.solvers.problem import BackwardStep, Plan, Problem, Value
 
 
@@ -45,7 +45,7 @@ def _brute_force(problem: Problem) -> list[tuple[int, float]]:
     """(simulated peak, recompute seconds) of every keep-set closure: every plan worth making."""
     from itertools import combinations
 
-    from remat_pass.solvers._graph import relevant_values
+    from remat_pass.solvers.analysis.graph_facts import relevant_values
     from remat_pass.solvers.problem import closure_from_keep_set
 
     keepable = sorted(v for v in relevant_values(problem) if problem.values[v].keepable)

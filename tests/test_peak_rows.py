@@ -1,15 +1,15 @@
-"""The step rows of the peak planner (``solvers.peak_rows``) on hand-made problems."""
+"""The step rows of the peak planner (``solvers.peak.rows``) on hand-made problems."""
 
 from __future__ import annotations
 
 import pytest
 
 from remat_pass.solvers import baselines
-from remat_pass.solvers._attempt import model_rows
-from remat_pass.solvers._model import build, rounding_for, time_weights, weights_for
-from remat_pass.solvers._run import solve_once
-from remat_pass.solvers.memory import simulate_plan
-from remat_pass.solvers.peak_rows import PeakRows
+from remat_pass.solvers.mip.backend_run import model_rows
+from remat_pass.solvers.mip.keep_model import build, rounding_for, time_weights, weights_for
+from remat_pass.solvers.mip.run_keep import solve_once
+from remat_pass.solvers.analysis.memory import simulate_plan
+from remat_pass.solvers.peak.rows import PeakRows
 from remat_pass.solvers.problem import BackwardStep, Problem, Value
 
 from .test_fast_solver import random_problem

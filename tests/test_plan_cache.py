@@ -15,11 +15,11 @@ import torch
 from torch import nn
 
 import remat_pass
-from remat_pass import plan_cache as plan_cache_module
-from remat_pass.budget import Budget
-from remat_pass.pipeline import PlanOptions, plan_problem
-from remat_pass.plan_cache import PlanCache
-from remat_pass.solvers.memory import simulate_plan
+from remat_pass.runtime import plan_cache as plan_cache_module
+from remat_pass.planning.budget import Budget
+from remat_pass.planning.pipeline import PlanOptions, plan_problem
+from remat_pass.runtime.plan_cache import PlanCache
+from remat_pass.solvers.analysis.memory import simulate_plan
 from remat_pass.solvers.problem import BackwardStep, Plan, Problem, Value
 from remat_pass.solvers.status import Status
 
@@ -62,7 +62,7 @@ def test_a_fresh_process_with_the_same_cache_hits(tmp_path):
         import json, torch
         from torch import nn
         import remat_pass
-        from remat_pass.plan_cache import PlanCache
+        from remat_pass.runtime.plan_cache import PlanCache
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 8))
         cache = PlanCache({str(tmp_path)!r})

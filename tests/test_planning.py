@@ -9,8 +9,8 @@ from torch.nn import functional as F
 
 import remat_pass
 from remat_pass.examples import GPT, GPTConfig
-from remat_pass.planning import plan_with_report
-from remat_pass.report import block_depth, report
+from remat_pass.planning.plan_model import plan_with_report
+from remat_pass.tools.report import block_depth, report
 
 CONFIG = GPTConfig(vocab_size=64, seq_len=16, layers=2, hidden=32, heads=2, dropout=0.1)
 

@@ -7,12 +7,13 @@ import logging
 import time
 
 import pytest
-from remat_pass.solvers import _mip
+from remat_pass.solvers.mip import solve as _mip
 from remat_pass.solvers.problem import Problem, Value
 
-from remat_pass import progress, solvers
-from remat_pass.budget import Budget
-from remat_pass.pipeline import PlanOptions, plan_problem
+from remat_pass import solvers
+from remat_pass.planning import progress
+from remat_pass.planning.budget import Budget
+from remat_pass.planning.pipeline import PlanOptions, plan_problem
 
 
 def _chain() -> Problem:

@@ -10,15 +10,16 @@ import torch
 
 import remat_pass
 from remat_pass import solvers
-from remat_pass.annotate import annotate
-from remat_pass.capture import capture
+from remat_pass.annotate.annotate import annotate
+from remat_pass.capture.capture import capture
 from remat_pass.examples import GPTConfig
-from remat_pass.measure import peak_activation_bytes
-from remat_pass.rewrite import rewrite
-from remat_pass.simulate import simulate
-from remat_pass.solvers.memory import materializations, simulate_plan
+from remat_pass.runtime.measure import peak_activation_bytes
+from remat_pass.rewrite.rewrite import rewrite
+from remat_pass.rewrite.simulate import simulate
+from remat_pass.solvers.analysis.memory import simulate_plan
+from remat_pass.solvers.analysis.lifetimes import materializations
 from remat_pass.solvers.problem import BackwardStep, Plan, Problem, Value
-from remat_pass.solvers.refresh import refresh_to_fit, refreshable_storages
+from remat_pass.solvers.peak.multiple_recompute import refresh_to_fit, refreshable_storages
 
 from .helpers import assert_same_step, eager_reference, run_step
 from .models import GPTWithLoss

@@ -10,9 +10,9 @@ import torch
 from torch import fx
 
 from remat_pass import solvers
-from remat_pass.annotate import annotate
-from remat_pass.capture import capture
-from remat_pass.rewrite import rewrite
+from remat_pass.annotate.annotate import annotate
+from remat_pass.capture.capture import capture
+from remat_pass.rewrite.rewrite import rewrite
 from remat_pass.solvers.tags import Tag
 
 from .models import make_case

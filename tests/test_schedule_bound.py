@@ -1,4 +1,4 @@
-"""The any-schedule lower bound (``solvers.schedule_bound``): never above a plan that fits,
+"""The any-schedule lower bound (``solvers.peak.schedule_bound``): never above a plan that fits,
 refreshed plans included, and what gives a refreshed plan of ``ilp_peak`` its gap."""
 
 from __future__ import annotations
@@ -9,12 +9,13 @@ from itertools import chain, combinations
 
 import pytest
 
-from remat_pass.solvers import baselines, cpsat, solve
-from remat_pass.solvers._graph import relevant_values
-from remat_pass.solvers.memory import simulate_plan
+from remat_pass.solvers import baselines, solve
+from remat_pass.solvers.mip import cpsat
+from remat_pass.solvers.analysis.graph_facts import relevant_values
+from remat_pass.solvers.analysis.memory import simulate_plan
 from remat_pass.solvers.problem import BackwardStep, Plan, Problem, Value, closure_from_keep_set
-from remat_pass.solvers.refresh import refreshable_storages
-from remat_pass.solvers.schedule_bound import any_schedule_bound, bound_steps, fixed_step_bytes
+from remat_pass.solvers.peak.multiple_recompute import refreshable_storages
+from remat_pass.solvers.peak.schedule_bound import any_schedule_bound, bound_steps, fixed_step_bytes
 
 from .test_refresh import _chain
 from .test_solvers import transformer
@@ -165,8 +166,8 @@ def test_the_bound_keeps_to_its_time_limit():
     value): the planner's limit is the whole planning time."""
     import time
 
-    from remat_pass.solvers import schedule_bound
-    from remat_pass.solvers.schedule_bound import any_schedule_bound_by
+    from remat_pass.solvers.peak import schedule_bound
+    from remat_pass.solvers.peak.schedule_bound import any_schedule_bound_by
 
     late = any_schedule_bound(transformer(), 10**9, backend="highs", time_limit=0.0)
     assert late.seconds is None and late.status == "time_limit"
@@ -183,8 +184,8 @@ def test_the_answers_any_schedule_bound_is_the_best_of_a_quick_and_a_full_model(
     transformer at 0.9 of per-block's peak, rows at 2 steps bound 3 s and at all steps 4 s."""
     import time
 
-    from remat_pass.solvers import schedule_bound
-    from remat_pass.solvers.memory import simulate_plan as simulate
+    from remat_pass.solvers.peak import schedule_bound
+    from remat_pass.solvers.analysis.memory import simulate_plan as simulate
 
     problem = transformer()
     budget = int(0.9 * simulate(problem, solve(problem, None, solver="per_block")).peak_bytes)

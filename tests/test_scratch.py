@@ -1,4 +1,4 @@
-"""Kernel scratch (remat_pass.scratch): measured per op on the step's device, carried in the
+"""Kernel scratch (remat_pass.annotate.scratch): measured per op on the step's device, carried in the
 Problem, counted by both memory models, and what keeps a CNN's measured peak within budget."""
 
 from __future__ import annotations
@@ -9,15 +9,15 @@ from torch import nn
 
 import remat_pass
 from remat_pass import solvers
-from remat_pass.annotate import annotate
-from remat_pass.capture import capture
-from remat_pass.measure import allocator_peak, peak_activation_bytes
-from remat_pass.rewrite import rewrite
-from remat_pass.scratch import estimated_scratch_bytes, kernel_scratch
-from remat_pass.simulate import simulate
-from remat_pass.solvers.memory import simulate_plan
+from remat_pass.annotate.annotate import annotate
+from remat_pass.capture.capture import capture
+from remat_pass.runtime.measure import allocator_peak, peak_activation_bytes
+from remat_pass.rewrite.rewrite import rewrite
+from remat_pass.annotate.scratch import estimated_scratch_bytes, kernel_scratch
+from remat_pass.rewrite.simulate import simulate
+from remat_pass.solvers.analysis.memory import simulate_plan
 from remat_pass.solvers.problem import BackwardStep, Problem, Value
-from remat_pass.tracing import trace_step
+from remat_pass.planning.tracing import trace_step
 
 from .helpers import assert_same_step, eager_reference, run_step
 

@@ -30,9 +30,9 @@ from remat_pass.solvers import (
     min_feasible_bytes,
     solve,
 )
-from remat_pass.solvers import _mip
-from remat_pass.solvers import _run
-from remat_pass.solvers._model import rounding_for
+from remat_pass.solvers.mip import solve as _mip
+from remat_pass.solvers.mip import run_keep as _run
+from remat_pass.solvers.mip.keep_model import rounding_for
 from remat_pass.solvers.baselines import articulation_chain, block_of
 from remat_pass.solvers.tags import Tag
 

@@ -39,12 +39,12 @@ from remat_pass.solvers import (
     Problem,
     Status,
     Value,
-    _mip,
     solve,
 )
-from remat_pass.solvers._attempt import Attempt
+from remat_pass.solvers.mip import solve as _mip
+from remat_pass.solvers.mip.backend_run import Attempt
 from remat_pass.solvers.fast.allocate import Config, allocate
-from remat_pass.solvers.memory import simulate_plan
+from remat_pass.solvers.analysis.memory import simulate_plan
 
 from tests.test_solvers import _walk, layered, oracle, oracle_min_bytes
 
@@ -144,7 +144,7 @@ def check_saved(problem: Problem, budget: int, plan_or_error: Plan | BudgetInfea
 
 def _exact_units(problem: Problem) -> bool:
     """Sizes share a unit the model can use exactly (then the tie-break is exact too)."""
-    from remat_pass.solvers._model import rounding_for
+    from remat_pass.solvers.mip.keep_model import rounding_for
 
     return rounding_for(problem).exact
 

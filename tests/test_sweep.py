@@ -1,4 +1,4 @@
-"""remat_pass.sweep (remat_pass/tradeoff.py): the trade-off curve on one traced step, the baselines, and the plots."""
+"""remat_pass.sweep (remat_pass/tools/tradeoff.py): the trade-off curve on one traced step, the baselines, and the plots."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import sys
 import pytest
 
 from remat_pass.errors import InvalidBudgetError
-from remat_pass.pipeline import trace_step
-from remat_pass.plots import plot_memory_timeline, plot_pareto
-from remat_pass.tradeoff import BASELINES, INFEASIBLE, OVER_BUDGET, Sweep, sweep_traced
+from remat_pass.planning.pipeline import trace_step
+from remat_pass.tools.plots import plot_memory_timeline, plot_pareto
+from remat_pass.tools.tradeoff import BASELINES, INFEASIBLE, OVER_BUDGET, Sweep, sweep_traced
 
 from .explain_factory import factory_dropout
 
@@ -101,9 +101,9 @@ def test_invalid_budgets_raise_before_solving(traced):
 
 
 def test_package_level_sweep_is_the_function():
-    import remat_pass.tradeoff  # noqa: F401  (a submodule import must not shadow the function)
+    import remat_pass.tools.tradeoff  # noqa: F401  (a submodule import must not shadow the function)
 
-    assert callable(remat_pass.sweep) and remat_pass.sweep.__module__ == "remat_pass.tradeoff"
+    assert callable(remat_pass.sweep) and remat_pass.sweep.__module__ == "remat_pass.tools.tradeoff"
     model, inputs = factory_dropout()
     curve = remat_pass.sweep(model, inputs, budgets=(0.5,), baselines=("keep_all",), progress=False)
     assert isinstance(curve, Sweep) and curve.points[0].kept_bytes <= 160

@@ -115,11 +115,11 @@ def test_freezing_a_layer_is_a_new_plan_and_the_report_follows_the_running_one(c
     assert first.saved_bytes == trainable_plan.kept_bytes
     frozen = model.blocks[0]
     frozen.requires_grad_(False)
-    with caplog.at_level(logging.INFO, logger="remat_pass.api"):
+    with caplog.at_level(logging.INFO, logger="remat_pass.runtime.api"):
         second = run_step(model, optimized, inputs, loss_fn)
     assert len(optimized.plans) == 2 and optimized.plan is not trainable_plan
     assert second.saved_bytes == optimized.plan.kept_bytes != trainable_plan.kept_bytes
-    message = "\n".join(r.getMessage() for r in caplog.records if r.name == "remat_pass.api")
+    message = "\n".join(r.getMessage() for r in caplog.records if r.name == "remat_pass.runtime.api")
     assert "new plan" in message and "requires_grad True -> False" in message and "blocks.0." in message
     frozen.requires_grad_(True)
     third = run_step(model, optimized, inputs, loss_fn)
@@ -135,13 +135,13 @@ def test_casting_the_module_is_a_new_plan_for_the_new_dtype(caplog):
     optimized.to(torch.float64)
     doubles = tuple(x.double() if x.is_floating_point() else x for x in inputs)
     expected = eager_reference(model, doubles, loss_fn)
-    with caplog.at_level(logging.INFO, logger="remat_pass.api"):
+    with caplog.at_level(logging.INFO, logger="remat_pass.runtime.api"):
         actual = run_step(model, optimized, doubles, loss_fn)
     assert_same_step(actual, expected)
     assert optimized.plan is not float32_plan and len(optimized.plans) == 2
     assert optimized.plan.keep_all_bytes == 2 * float32_plan.keep_all_bytes
     assert actual.saved_bytes == optimized.plan.kept_bytes
-    message = "\n".join(r.getMessage() for r in caplog.records if r.name == "remat_pass.api")
+    message = "\n".join(r.getMessage() for r in caplog.records if r.name == "remat_pass.runtime.api")
     assert "dtype float32 -> float64" in message
 
 
@@ -164,12 +164,12 @@ def test_a_recompile_for_python_state_is_logged_and_the_plan_that_runs_is_report
     optimized = remat_pass.optimize(SetsStateOnFirstCall(), budget=1.0)
     x = torch.randn(3, 4)
     optimized(x).backward()
-    with caplog.at_level(logging.INFO, logger="remat_pass.api"):
+    with caplog.at_level(logging.INFO, logger="remat_pass.runtime.api"):
         optimized(x).backward()
     backend_plans = optimized._backend.plans
     assert len(backend_plans) == 2 and len(optimized.plans) == 1
     assert optimized.plan is backend_plans[-1]  # the running graph's plan, not the first one
-    message = "\n".join(r.getMessage() for r in caplog.records if r.name == "remat_pass.api")
+    message = "\n".join(r.getMessage() for r in caplog.records if r.name == "remat_pass.runtime.api")
     assert "new plan" in message and "problem_type" in message  # Dynamo's guard failure names it
     optimized(x).backward()
     assert len(optimized._backend.plans) == 2

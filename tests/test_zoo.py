@@ -19,7 +19,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 import remat_pass
-from remat_pass.baseline import as_given_plan
+from remat_pass.annotate.baseline import as_given_plan
 from remat_pass import solvers
 from remat_pass import BudgetInfeasibleError
 

@@ -169,7 +169,7 @@ class Rewritten:
 
 def record_rewrites(monkeypatch) -> list[Rewritten]:
     """Record every (annotated graph, plan, forward, backward) the dynamo backend produces."""
-    import remat_pass.pipeline as pipeline
+    import remat_pass.planning.pipeline as pipeline
 
     records: list[Rewritten] = []
     original = pipeline.rewrite

@@ -1,6 +1,6 @@
 """The fast planner: Lagrangian min-cuts over (identical) blocks, then short exact refinements.
 
-Without the budget row, keep/recompute is an s-t minimum cut (``solvers._cut``). For a
+Without the budget row, keep/recompute is an s-t minimum cut (``solvers.mip.min_cut``). For a
 multiplier ``lambda`` the cut is the best plan for ``seconds + lambda * bytes`` (``oracle``, which
 cuts each distinct block once: ``blocks``); sweeping it traces the lower convex hull of the
 memory/recompute trade-off (``hull``), and ``mincut(lambda) - lambda * B`` is a lower bound on

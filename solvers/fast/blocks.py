@@ -35,7 +35,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Hashable, Mapping
 
-from .._graph import effectively_recomputable, relevant_values
+from ..analysis.graph_facts import effectively_recomputable, relevant_values
 from ..baselines import block_of
 from ..problem import Problem
 

@@ -14,8 +14,8 @@ import itertools
 import operator
 from dataclasses import dataclass, field
 
-from .._cut import BLOCKED, DOWN, NEEDED, RELAXED, Network, capacities
-from .._graph import relevant_values
+from ..mip.min_cut import BLOCKED, DOWN, NEEDED, RELAXED, Network, capacities
+from ..analysis.graph_facts import relevant_values
 from ..errors import SolverError
 from ..problem import Problem, closure_from_keep_set
 from .blocks import Decomposition

@@ -1,7 +1,7 @@
 """Small exact integer programs inside the fast planner: the polish of a whole plan, and sub-problems.
 
-Both use the plain recompute-time objective (``_model.time_weights``), so a bound converts back to
-seconds, and well-scaled units; both go through ``_run.solve_once`` like every ILP run.
+Both use the plain recompute-time objective (``mip.keep_model.time_weights``), so a bound converts back to
+seconds, and well-scaled units; both go through ``mip.run_keep.solve_once`` like every ILP run.
 """
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from __future__ import annotations
 import logging
 import time
 
-from .._cut import DOWN
-from .._mip import resolve_backend
-from .._model import rounding_for, time_weights
-from .._run import solve_once
+from ..mip.min_cut import DOWN
+from ..mip.solve import resolve_backend
+from ..mip.keep_model import rounding_for, time_weights
+from ..mip.run_keep import solve_once
 from ..errors import SolverError
 from ..problem import Plan, Problem
 from ..registry import keep_all_decision

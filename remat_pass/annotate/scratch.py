@@ -1,0 +1,215 @@
+"""Kernel scratch: the bytes an op allocates while it runs, beyond its inputs and outputs.
+
+Some kernels allocate working memory that no graph node shows. On CPU (torch 2.13, oneDNN) a
+convolution reorders its input and weight into a blocked layout (forward: about its input plus
+weight; backward: about twice its input or output gradient, whichever is larger), batch norm's
+backward builds an input-sized temporary, and dropout draws a float mask before keeping a bool
+one; on CUDA, cuDNN convolutions (up to twice their input on an H200) and the attention
+kernels take workspaces. The scratch lives only while the op runs, but next to everything else
+alive then: a peak model without it under-counts, and a CPU ResNet step overshot its planned
+peak by 3% (benchmarks/RESULTS.md).
+
+How it is found, per configuration (op, every tensor argument's shape, strides, dtype and
+device, the other arguments), once per process:
+
+* **measured** where the tensors are on a real device: the op runs once to warm up (one-time
+  allocations such as a library's workspace or a primitive cache are not scratch), then once
+  under ``measure.allocator_peak`` (on CUDA the caching allocator's own history, so a
+  measurement neither needs nor resets ``torch.cuda``'s peak statistics), on random inputs of
+  the right shape, without autograd or autocast, the RNG state restored afterwards
+  (``op_timing.isolated``); scratch = the allocator's peak during the call less the bytes of
+  the outputs it returns;
+* **estimated** (``estimated_scratch_bytes``: measured ratios, CPU and CUDA) where nothing can run:
+  tensors on the meta device (planning a model that does not fit here), or a failed run.
+
+Which ops run (``_measurable``): all but views, mutations, collectives, ops whose output
+depends on data, and pointwise ops that write their output directly (one that first casts an
+input to the output's dtype, a bool mask times a float gradient, is measured: the cast copy is
+scratch). Measured over every op of the benchmark models (GPT-, Llama-style transformers, a
+ResNet; CPU, fp32), only convolutions (forward and backward), batch norm backward, dropout
+(forward and backward), layer norm backward (a few KiB) and the CPU attention kernels allocated
+any (outside them, CPU ``upsample_nearest2d`` does too); an op that allocates none costs two
+short calls (the warm-up and the measured one; a ResNet's ~90 configurations take ~0.4 s).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any, Collection, Iterable
+
+import torch
+from torch import fx
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._pytree import tree_flatten, tree_map
+
+from .collectives import is_collective
+from ..compat import concrete_int
+from ..runtime.measure import allocator_peak
+from .op_timing import isolated
+
+logger = logging.getLogger(__name__)
+
+_SKIPPED_TAGS = (torch.Tag.inplace_view, torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape)
+_MEASURED: dict[str, int] = {}  # configuration -> scratch bytes, for the process
+
+
+def kernel_scratch(graph: fx.Graph, uncounted: Iterable[fx.Node | None] = ()) -> dict[fx.Node, int]:
+    """Scratch bytes of every node of ``graph`` that has any (measured or estimated; see the module).
+
+    ``uncounted``: nodes whose tensors the memory models leave out (the parameter gradients a
+    backward returns). An op's scratch is what is live during it beyond the outputs the models
+    do count, so such an output, live inside the kernel next to its scratch, counts as scratch.
+    """
+    left_out = {key for node in uncounted if node is not None for key in _storage_keys(node)}
+    found = {}
+    for node in graph.nodes:
+        if _measurable(node) and (nbytes := node_scratch_bytes(node, left_out)) > 0:
+            found[node] = nbytes
+    return found
+
+
+def node_scratch_bytes(node: fx.Node, uncounted: Collection[StorageWeakRef] = ()) -> int:
+    """The scratch bytes ``node``'s op allocates when it runs (0 for ops that are not measured);
+    outputs whose storage is in ``uncounted`` count as scratch (see ``kernel_scratch``)."""
+    if not _measurable(node):
+        return 0
+    mask = tuple(key in uncounted for key in _storage_keys(node))
+    key = f"{_configuration(node)} uncounted={mask}"
+    if key not in _MEASURED:
+        _MEASURED[key] = _measure_or_estimate(node, mask)
+        logger.debug("scratch of %s: %d bytes", key, _MEASURED[key])
+    return _MEASURED[key]
+
+
+def estimated_scratch_bytes(node: fx.Node) -> int:
+    """A per-op estimate where the op cannot run (meta tensors: the device is unknown), the larger
+    of what was measured on CPU (oneDNN, torch 2.13) and on an H200 (cuDNN, torch 2.11), fp32 and
+    bf16, on the benchmark ResNets (benchmarks.scratch_check).
+
+    Convolution forward: twice the larger of input and output, plus the weight (CPU: about the
+    input plus the weight; cuDNN: up to twice the input). Backward: twice the larger of input and
+    output gradient, plus the weight (both). Batch norm backward, dropout forward and backward
+    (CPU): one tensor the size of the input. Every other op: 0.
+    """
+    name = node.target.overloadpacket.__name__ if isinstance(node.target, torch._ops.OpOverload) else ""
+    tensors = [_bytes(a) for a in node.args[:3]]
+    if name == "convolution":
+        return 2 * max(tensors[0], _bytes(node)) + tensors[1]
+    if name == "convolution_backward":
+        return 2 * max(tensors[0], tensors[1]) + tensors[2]
+    if name in ("native_batch_norm_backward", "native_dropout", "native_dropout_backward"):
+        return tensors[0]
+    return 0
+
+
+def _measurable(node: fx.Node) -> bool:
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        return False
+    if target._schema.is_mutable or any(tag in target.tags for tag in _SKIPPED_TAGS) or is_collective(node):
+        return False
+    outputs = [t for t in tree_flatten(node.meta.get("val"))[0] if isinstance(t, torch.Tensor)]
+    inputs = _tensor_args(node)
+    if not outputs or any(_same_storage(o, i) for o in outputs for i in inputs):
+        return False  # a view: no kernel runs
+    # A pointwise kernel writes its output directly, unless it first casts an input to the
+    # output's dtype (a bool mask times a float gradient): that copy is scratch.
+    return torch.Tag.pointwise not in target.tags or any(
+        i.dtype != outputs[0].dtype and i.dim() > 0 for i in inputs)
+
+
+def _configuration(node: fx.Node) -> str:
+    """What the scratch can depend on: the op, each tensor's layout and device, other arguments."""
+
+    def describe(a: Any) -> Any:
+        if not isinstance(a, fx.Node):
+            return a
+        val = a.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            return ("tensor", _sizes(val.shape), _sizes(val.stride()), concrete_int(val.storage_offset()),
+                    str(val.dtype), str(val.device))
+        return concrete_int(val) if isinstance(val, torch.SymInt) else repr(val)
+
+    return repr((str(node.target), tree_map(describe, node.args), tree_map(describe, node.kwargs)))
+
+
+def _measure_or_estimate(node: fx.Node, uncounted: tuple[bool, ...]) -> int:
+    devices = {t.device for t in _tensor_args(node)}
+    if not devices or any(d.type == "meta" for d in devices):
+        return estimated_scratch_bytes(node)
+    try:
+        return _measure(node, next(d for d in devices if d.type != "cpu") if len(devices) > 1 else devices.pop(),
+                        uncounted)
+    except Exception as error:  # noqa: BLE001 - a kernel that cannot run on random inputs: estimate
+        logger.debug("could not measure the scratch of %s (%s); estimating it", node.format_node(), error)
+        return estimated_scratch_bytes(node)
+
+
+def _measure(node: fx.Node, device: torch.device, uncounted: tuple[bool, ...]) -> int:
+    """Run the op on random inputs; the allocator's peak during it, the ``uncounted`` outputs
+    left out at their allocation, less the other outputs' bytes."""
+    with isolated(device):
+        args, kwargs = tree_map(_real, (node.args, node.kwargs))
+        node.target(*args, **kwargs)  # warm-up: one-time allocations are not the op's scratch
+        outputs: list[torch.Tensor] = []
+
+        def call() -> Any:
+            result = node.target(*args, **kwargs)
+            outputs.extend(t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor))
+            return result
+
+        measured = allocator_peak(call, device, survivors=lambda: [t for t, u in zip(outputs, uncounted) if u])
+    counted = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+               for t, u in zip(outputs, uncounted + (False,) * len(outputs)) if not u}
+    return max(measured.peak_excluding - sum(counted.values()), 0)
+
+
+def _real(a: Any) -> Any:
+    """A random tensor with the fake value's size, strides, dtype and device; sizes as ints."""
+    if not isinstance(a, fx.Node):
+        return a
+    val = a.meta.get("val")
+    if isinstance(val, torch.SymInt):
+        return concrete_int(val)
+    if not isinstance(val, torch.Tensor):
+        return val
+    shape, stride = _sizes(val.shape), _sizes(val.stride())
+    extent = 1 + sum((size - 1) * step for size, step in zip(shape, stride)) if all(shape) else 0
+    base = torch.zeros(extent + concrete_int(val.storage_offset()), dtype=val.dtype, device=val.device)
+    if base.is_floating_point() or base.is_complex():
+        base.normal_()
+    return base.as_strided(shape, stride, concrete_int(val.storage_offset()))
+
+
+def _storage_keys(node: fx.Node) -> list[StorageWeakRef | None]:
+    """The storages of ``node``'s tensors, in flattening order (the op's outputs, for a call)."""
+    keys = []
+    for tensor in tree_flatten(node.meta.get("val"))[0]:
+        if isinstance(tensor, torch.Tensor):
+            try:
+                keys.append(StorageWeakRef(tensor.untyped_storage()))
+            except (NotImplementedError, RuntimeError):
+                keys.append(None)
+    return keys
+
+
+def _tensor_args(node: fx.Node) -> list[torch.Tensor]:
+    return [v for v in (a.meta.get("val") for a in node.all_input_nodes) if isinstance(v, torch.Tensor)]
+
+
+def _sizes(sizes: Any) -> tuple[int, ...]:
+    return tuple(concrete_int(s) for s in sizes)
+
+
+def _bytes(a: Any) -> int:
+    tensors = [t for t in tree_flatten(a.meta.get("val") if isinstance(a, fx.Node) else a)[0]
+               if isinstance(t, torch.Tensor)]
+    return sum(math.prod(_sizes(t.shape)) * t.element_size() for t in tensors)
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    try:
+        return StorageWeakRef(a.untyped_storage()) == StorageWeakRef(b.untyped_storage())
+    except (NotImplementedError, RuntimeError):  # sparse or opaque tensors have no storage
+        return False

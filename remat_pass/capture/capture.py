@@ -1,0 +1,201 @@
+"""Stage 1: capture the joint forward+backward graph through TorchDynamo and AOTAutograd.
+
+AOTAutograd traces forward and backward together into one functional graph and then asks a
+*partition function* to split it into a forward graph (which returns the outputs plus what
+backward needs) and a backward graph. That hook is exactly where keep/recompute is decided,
+so capture does not trace anything itself: it builds a dynamo backend whose partition
+function hands each joint graph to a planner (``JointGraphHandler``) and returns the planner's
+pair of graphs. ``optimize`` and the ``torch.compile`` backend both go through
+``make_dynamo_backend``; each subgraph between graph breaks is partitioned on its own.
+
+The inner compiler compiles the two rewritten graphs: ``"eager"`` runs them as FX Python code
+(boxed, so that saved tensors are freed as soon as backward is done with them), ``"inductor"``
+lets Inductor compile them with our partitioner installed as its custom partitioner.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+from torch import fx
+
+from .capture_errors import capture_failure
+from ..compat import PartitionerBase, checkpoint_side_effects_run_once, has_custom_partitioner, use_boxed_codegen
+from ..errors import CaptureError
+from .state import untouched
+
+logger = logging.getLogger(__name__)
+
+INNER_COMPILERS = ("eager", "inductor")
+
+
+@dataclass(frozen=True)
+class JointGraph:
+    """One joint forward+backward graph as AOTAutograd hands it to the partitioner.
+
+    ``module``'s output node returns the ``num_fwd_outputs`` forward outputs (user outputs and
+    updated buffers) followed by the gradients. ``partition_kwargs`` are the extra keyword
+    arguments AOTAutograd passed; they go back unchanged when the graphs are extracted.
+    """
+
+    module: fx.GraphModule
+    num_fwd_outputs: int
+    partition_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    step_inputs: StepInputs | None = field(default=None, repr=False, compare=False)
+
+
+class StepInputs:
+    """The real inputs dynamo compiled a graph for (``op_timing`` runs the forward on them), held
+    weakly: a plan, a traced step or a cached graph must not keep a step's tensors alive. They
+    are alive while the graph is partitioned, which is when they are read."""
+
+    def __init__(self, gm: torch.nn.Module, inputs: Sequence[Any]) -> None:
+        self._module = weakref.ref(gm)
+        self._inputs = [weakref.ref(x) if isinstance(x, torch.Tensor) else x for x in inputs]
+
+    def inputs(self) -> list[Any] | None:
+        """The inputs in dynamo's order (AOTAutograd's ``PlainAOTInput.idx``); None once any is gone."""
+        found = [x() if isinstance(x, weakref.ref) else x for x in self._inputs]
+        return None if any(x is None and isinstance(r, weakref.ref) for x, r in zip(found, self._inputs)) else found
+
+    def attribute(self, target: str) -> torch.Tensor | None:
+        """A parameter or buffer of the compiled module (``ParamAOTInput``/``BufferAOTInput``)."""
+        module = self._module()
+        try:
+            return None if module is None else module.get_parameter(target)
+        except AttributeError:
+            try:
+                return module.get_buffer(target)  # type: ignore[union-attr]
+            except AttributeError:
+                return None
+
+
+JointGraphHandler = Callable[[JointGraph], "tuple[fx.GraphModule, fx.GraphModule]"]
+
+
+class _Compiling(threading.local):
+    """The real inputs of the graph a backend is compiling on this thread (AOTAutograd hands the
+    partition function fake tensors only)."""
+
+    inputs: StepInputs | None = None
+
+
+def _recording_inputs(compiling: _Compiling, compile_fn: Callable[..., Any]) -> Callable[..., Any]:
+    def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+        previous, compiling.inputs = compiling.inputs, StepInputs(gm, example_inputs)
+        try:
+            return compile_fn(gm, example_inputs)
+        finally:
+            compiling.inputs = previous
+
+    return backend
+
+
+def _partition_fn(handler: JointGraphHandler, compiling: _Compiling) -> Callable[..., tuple[fx.GraphModule, fx.GraphModule]]:
+    """Adapt a handler to AOTAutograd's ``partition_fn(joint, joint_inputs, *, num_fwd_outputs, ...)``."""
+
+    def partition(
+        joint_module: fx.GraphModule, _joint_inputs: Any, *, num_fwd_outputs: int, **kwargs: Any
+    ) -> tuple[fx.GraphModule, fx.GraphModule]:
+        kwargs.pop("compiler", None)
+        return handler(JointGraph(joint_module, num_fwd_outputs, dict(kwargs), compiling.inputs))
+
+    return partition
+
+
+def _boxed_eager(gm: fx.GraphModule, _example_inputs: Sequence[Any]) -> Callable[[list[Any]], Any]:
+    """Run a graph as generated Python that takes its arguments as a list and clears it.
+
+    Boxed calling lets the graph drop each saved tensor after its last use in backward;
+    an unboxed call would keep every argument alive until the whole graph returns.
+    """
+    use_boxed_codegen(gm)
+    forward = gm.forward
+
+    def run(args: list[Any]) -> Any:
+        return forward(args)
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
+
+
+class _InductorPartitioner(PartitionerBase):  # type: ignore[misc,valid-type]
+    """Our partition function in the shape Inductor accepts as ``custom_partitioner_fn``."""
+
+    def __init__(self, handler: JointGraphHandler, compiling: _Compiling) -> None:
+        self._partition = _partition_fn(handler, compiling)
+
+    def __call__(self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any):
+        return self._partition(gm, joint_inputs, **kwargs)
+
+    def uuid(self) -> None:
+        # Plans depend on the budget and the solver; never let Inductor's caches reuse one.
+        return None
+
+
+def _inductor_backend(handler: JointGraphHandler) -> Callable[[fx.GraphModule, list[Any]], Any]:
+    from torch._inductor import config as inductor_config
+    from torch._inductor.compile_fx import compile_fx
+
+    if not has_custom_partitioner():
+        raise CaptureError(
+            f"inner='inductor' needs torch._inductor.config.custom_partitioner_fn, which torch "
+            f"{torch.__version__} lacks; use inner='eager' or a newer torch"
+        )
+    compiling = _Compiling()
+    partitioner = _InductorPartitioner(handler, compiling)
+
+    def compile_with_inductor(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+        # The FX graph cache would try to pickle the partitioner into its key; plans are not
+        # cacheable anyway (they depend on the budget), so compile without it.
+        with inductor_config.patch(custom_partitioner_fn=partitioner, fx_graph_cache=False):
+            return compile_fx(gm, example_inputs)
+
+    return _recording_inputs(compiling, compile_with_inductor)
+
+
+def make_dynamo_backend(handler: JointGraphHandler, inner: str = "eager") -> Callable[..., Any]:
+    """A ``torch.compile`` backend that partitions every joint graph with ``handler``."""
+    if inner == "inductor":
+        return _inductor_backend(handler)
+    if inner != "eager":
+        raise ValueError(f"inner compiler must be one of {INNER_COMPILERS}, got {inner!r}")
+    from torch._dynamo.backends.common import aot_autograd
+
+    compiling = _Compiling()
+    compile_fn = aot_autograd(fw_compiler=_boxed_eager, bw_compiler=_boxed_eager,
+                              partition_fn=_partition_fn(handler, compiling))
+    return _recording_inputs(compiling, compile_fn)
+
+
+def capture(model: torch.nn.Module, example_inputs: Sequence[Any],
+            example_kwargs: Mapping[str, Any] | None = None) -> list[JointGraph]:
+    """Trace one training forward of ``model`` and return its joint graphs, one per piece.
+
+    Runs ``model(*example_inputs, **example_kwargs)`` once (needed by dynamo), with the RNG state and the
+    module's buffers restored afterwards, and partitions nothing away: the graphs come back
+    whole, for inspection, annotation and planning without training.
+    """
+    from torch._functorch.partitioners import default_partition
+
+    graphs: list[JointGraph] = []
+
+    def record(joint: JointGraph) -> tuple[fx.GraphModule, fx.GraphModule]:
+        graphs.append(joint)  # default_partition builds new graphs and leaves this one's nodes as they are
+        return default_partition(joint.module, None, num_fwd_outputs=joint.num_fwd_outputs, **joint.partition_kwargs)
+
+    compiled = torch.compile(model, backend=make_dynamo_backend(record), dynamic=False)
+    try:
+        with untouched(model, (example_inputs, example_kwargs)), torch.enable_grad(), \
+                checkpoint_side_effects_run_once():
+            compiled(*example_inputs, **(example_kwargs or {}))
+    except torch._dynamo.exc.TorchDynamoException as error:
+        raise capture_failure(error) from error
+    if not graphs:
+        raise CaptureError("nothing to plan: no parameter or input requires grad, so there is no backward graph")
+    return graphs

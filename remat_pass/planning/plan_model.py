@@ -1,0 +1,211 @@
+"""Plan a model's training step without running it: ``remat_pass.plan(model, inputs, budget=...)``.
+
+The step is traced once (``pipeline.trace_step``: capture, annotate, graph pieces merged into one
+problem) and solved; nothing is trained, and the model comes back as it was. A model too big for
+this machine can be planned from the meta device: its parameters, buffers and inputs are swapped
+for fake CPU tensors (``FakeTensorMode``: shapes and dtypes, no storage) for the trace, so a
+Llama-2-70B step is planned in a few GB of RAM. Tensors made inside ``FakeTensorMode`` by the
+caller work the same way.
+
+What a fake-CPU trace sees is what the CPU kernels would run: ``scaled_dot_product_attention``
+becomes the CPU flash-attention kernel (output and log-sum-exp saved, no ``s x s`` scores: the
+same memory profile as FlashAttention on a GPU), and in fp32 a dropout output can be rebuilt from
+its mask (on CUDA it is kept instead; for bf16/fp16 models the two agree).
+
+>>> import torch, remat_pass
+>>> from remat_pass.examples import GPT, GPTConfig
+>>> with torch.device("meta"):
+...     model = GPT(GPTConfig(layers=2, hidden=64, heads=2, seq_len=32, vocab_size=128))
+>>> tokens = torch.zeros(2, 32, dtype=torch.long, device="meta")
+>>> plan = remat_pass.plan(model, (tokens,), budget=0.5)
+>>> plan.kept_bytes <= 0.5 * plan.keep_all_bytes, next(model.parameters()).device.type
+(True, 'meta')
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, Iterator, Mapping
+
+import torch
+from torch import nn
+
+from remat_pass import solvers
+from remat_pass.solvers.problem import Plan
+
+from .budget import parse_budget
+from ..compat import fake_tensor_mode, is_fake
+from ..annotate.costs import CostModel, DeviceProfile, parse_costs
+from ..capture.inputs import call_inputs
+from ..rewrite.offload import check_offload_options, parse_host_budget
+from .pipeline import (
+    DEFAULT_BUDGET,
+    DEFAULT_TIME_LIMIT,
+    BudgetKind,
+    LossFn,
+    PlanOptions,
+    plan_problem,
+    resolve_budget_kind,
+    trace_step,
+)
+from ..tools.report import PlanReport, block_depth
+
+logger = logging.getLogger(__name__)
+
+# Why plan() differs from optimize/explain/sweep (device "cpu", solver "ilp"): those trace and run
+# the step on this machine, where the CPU cost model describes what runs and the graphs are small
+# enough for the exact ILP. plan() exists to plan a step too big to run here (meta tensors) for the
+# accelerator it will train on: a GPU cost model, and the fast planner, which scales to 80-layer
+# models where the ILP takes minutes.
+PLAN_DEVICE = "h100"
+PLAN_SOLVER = "fast"
+
+
+def plan(
+    model: nn.Module,
+    example_inputs: Any,
+    budget: object = DEFAULT_BUDGET,
+    *,
+    device: str | DeviceProfile = PLAN_DEVICE,
+    solver: str = PLAN_SOLVER,
+    budget_kind: str = BudgetKind.AUTO,
+    loss_fn: LossFn | None = None,
+    time_limit: float = DEFAULT_TIME_LIMIT,
+    verbose: bool = False,
+    depth: int | None = None,
+    offload: bool = False,
+    host_budget: object = None,
+    example_kwargs: Mapping[str, Any] | None = None,
+    costs: str = CostModel.ROOFLINE,
+    **solver_options: Any,
+) -> Plan:
+    """Decide what ``model``'s training step keeps and recomputes under ``budget``; run nothing.
+
+    ``budget`` as for ``optimize`` (a fraction of the saved bytes, or an absolute size; see
+    ``budget_kind``). ``device`` picks the cost model ("cpu", "a100", "h100", "h200") and ``costs``
+    how it prices recompute ("roofline", "flops"; "measure" needs real tensors), ``solver``
+    any name in ``solvers.SOLVERS`` ("fast" scales to deep models; "ilp" is exact but slow there).
+    Parameters, buffers and inputs on the meta device are traced as fake tensors, nothing is
+    allocated; real tensors run one forward on their device. ``example_inputs`` as for
+    ``optimize``: a tuple, one tensor, or a dict of keyword inputs (a Hugging Face batch), plus
+    ``example_kwargs``. ``loss_fn(output, *args, **kwargs)`` makes the loss part of the planned step. ``verbose`` prints the report (``PlanReport.text``) per module at ``depth``.
+    ``offload=True`` also lets saved values go to host memory (``optimize``'s option).
+
+    Raises BudgetInfeasibleError (with the smallest feasible budget) when nothing fits.
+    """
+    report_ = plan_with_report(model, example_inputs, budget, device=device, solver=solver, budget_kind=budget_kind,
+                               loss_fn=loss_fn, time_limit=time_limit, offload=offload, host_budget=host_budget,
+                               example_kwargs=example_kwargs, costs=costs, **solver_options)
+    if verbose:
+        print(report_.render(depth=depth))
+    return report_.plan
+
+
+def plan_with_report(
+    model: nn.Module,
+    example_inputs: Any,
+    budget: object = DEFAULT_BUDGET,
+    *,
+    device: str | DeviceProfile = PLAN_DEVICE,
+    solver: str = PLAN_SOLVER,
+    budget_kind: str = BudgetKind.AUTO,
+    loss_fn: LossFn | None = None,
+    time_limit: float = DEFAULT_TIME_LIMIT,
+    offload: bool = False,
+    host_budget: object = None,
+    example_kwargs: Mapping[str, Any] | None = None,
+    costs: str = CostModel.ROOFLINE,
+    **solver_options: Any,
+) -> PlanReport:
+    """``plan`` plus the step's FLOPs and forward time: a ``PlanReport`` at the blocks' depth."""
+    solvers.get_solver(solver)  # an unknown name is a ValueError naming the choices, before tracing
+    parsed = parse_budget(budget)
+    resolve_budget_kind(parsed, budget_kind)  # reject a bad kind before tracing
+    check_offload_options(offload, device, solver)
+    parse_costs(costs)
+    call = call_inputs(example_inputs, example_kwargs)
+    with traceable(model, call.flat()) as flat:
+        # Always through trace_step's loss wrapper: module paths then read as the model names them,
+        # even when the model's forward is itself wrapped (Hugging Face decorators).
+        args, kwargs = flat[:len(call.args)], dict(zip(call.kwargs, flat[len(call.args):]))
+        traced = trace_step(model, args, loss_fn=loss_fn or _output, device=device, example_kwargs=kwargs,
+                            costs=costs)
+    options = PlanOptions(parsed, solver, device, time_limit, budget_kind, dict(solver_options), offload=offload,
+                          host_budget_bytes=parse_host_budget(host_budget))
+    made = plan_problem(traced.problem, options).plan
+    return PlanReport(made, traced.step_flops, traced.forward_seconds, traced.pieces, budget=parsed,
+                      depth=block_depth(made.problem))
+
+
+def _output(output: Any, *_inputs: Any, **_kwargs: Any) -> Any:
+    return output
+
+
+# --- tracing without memory -------------------------------------------------------------------
+
+
+def _tensors(model: nn.Module, inputs: tuple[Any, ...]) -> Iterator[torch.Tensor]:
+    yield from model.parameters()
+    yield from model.buffers()
+    yield from (x for x in inputs if isinstance(x, torch.Tensor))
+
+
+@contextlib.contextmanager
+def traceable(model: nn.Module, inputs: tuple[Any, ...]) -> Iterator[tuple[Any, ...]]:
+    """Inputs ready to trace: meta tensors become fake CPU tensors for the duration (the model's
+    parameters and buffers are swapped in place and put back afterwards); fake tensors are
+    traced in their own mode; real tensors are left alone."""
+    tensors = list(_tensors(model, inputs))
+    fakes = [t for t in tensors if is_fake(t)]
+    if fakes:
+        mode = fakes[0].fake_mode
+        allowed = mode.allow_non_fake_inputs
+        mode.allow_non_fake_inputs = True  # factory calls in forward (torch.arange) make real tensors
+        try:
+            yield inputs
+        finally:
+            mode.allow_non_fake_inputs = allowed
+        return
+    if not any(t.device.type == "meta" for t in tensors):
+        yield inputs
+        return
+    with _as_fake_cpu(model, inputs) as converted:
+        yield converted
+
+
+@contextlib.contextmanager
+def _as_fake_cpu(model: nn.Module, inputs: tuple[Any, ...]) -> Iterator[tuple[Any, ...]]:
+    mode = fake_tensor_mode(allow_non_fake_inputs=True)
+    made: dict[int, torch.Tensor] = {}  # tied weights stay tied
+
+    def fake(tensor: torch.Tensor) -> torch.Tensor:
+        if id(tensor) not in made:
+            if tensor.device.type == "meta":
+                with mode:
+                    copy = torch.empty_strided(tuple(tensor.shape), tuple(tensor.stride()), dtype=tensor.dtype,
+                                               device="cpu")
+            else:
+                copy = mode.from_tensor(tensor)
+            if isinstance(tensor, nn.Parameter):
+                copy = nn.Parameter(copy, requires_grad=tensor.requires_grad)
+            else:
+                copy.requires_grad_(tensor.requires_grad)
+            made[id(tensor)] = copy
+        return made[id(tensor)]
+
+    swapped: list[tuple[dict[str, Any], str, torch.Tensor]] = []
+    try:
+        for module in model.modules():
+            for table in (module._parameters, module._buffers):
+                for name, tensor in list(table.items()):
+                    if tensor is not None:
+                        swapped.append((table, name, tensor))
+                        table[name] = fake(tensor)
+        yield tuple(fake(x) if isinstance(x, torch.Tensor) else x for x in inputs)
+    finally:
+        for table, name, tensor in reversed(swapped):
+            table[name] = tensor
+
+
+__all__ = ["PlanReport", "plan", "plan_with_report", "traceable"]

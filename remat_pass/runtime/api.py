@@ -1,0 +1,376 @@
+"""Stage 5: ``optimize(model, budget)`` — a module that trains like ``model`` with less memory.
+
+The returned module shares the original's parameters and buffers (nothing is copied, the
+original is not modified) and runs its forward through the "remat" dynamo backend with
+``fullgraph=True`` (one graph, or a clear error) and ``dynamic=False`` (every new input
+signature is captured and planned again, so a plan is never reused for shapes it was not made
+for). Plans are recorded per ``plan_keys.PlanKey`` (inputs, train/eval, and every parameter's
+shape, dtype, device and requires_grad: what selects the compiled graph), each as the plan the
+call actually ran; every new plan is logged at INFO with its reason.
+
+It stands in for the model: attributes it does not have itself (``config``, ``generate``,
+``save_pretrained``, ``device``, ...) are the model's, ``forward`` has the model's signature (what
+Hugging Face's Trainer inspects), and it pickles and deep-copies (compiled state is dropped and
+rebuilt; the copy plans again on its first call).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import torch
+from torch import nn
+
+from remat_pass.solvers.problem import Plan
+
+from ..planning.budget import parse_budget
+from ..capture.capture import capture_failure
+from ..capture.capture_errors import CaptureCause
+from ..compat import checkpoint_side_effects_run_once, recompile_limit, recompile_limit_errors
+from ..annotate.costs import CostModel, DeviceProfile, model_profile
+from .distributed import reject_wrapped_model
+from .dynamo_backend import RematBackend
+from ..errors import CaptureError, RematError
+from ..capture.inputs import call_inputs, canonical, forward_signature
+from ..planning.pipeline import DEFAULT_BUDGET
+from .plan_cache import as_plan_cache
+from .plan_keys import PlanKey, plan_key, replan_reason
+from ..capture.state import untouched
+
+logger = logging.getLogger(__name__)
+
+_RECOMPILE_LIMIT_HIT = recompile_limit_errors()  # absent in older torch: then nothing matches
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """How plans are made: all a copy or an unpickled module needs to build its own backend."""
+
+    budget: object
+    inner: str
+    solver: str
+    device: str | DeviceProfile
+    time_limit: float
+    budget_kind: str
+    offload: bool = False
+    host_budget: object = None
+    solver_options: Mapping[str, Any] = field(default_factory=dict)
+    fullgraph: bool = True  # False: graph breaks allowed, each piece planned on its own
+    dynamic: bool = False  # True: one plan, made at the first call's sizes, for every size
+    plan_cache: Any = None  # plan_cache.PlanCache, a directory or None
+    costs: str = CostModel.ROOFLINE  # how recompute is priced: roofline, flops or measure
+
+
+# Per-instance state that is rebuilt, never copied or pickled: it holds a lock, compiled code and
+# plans for graphs that a copy has not compiled.
+_TRANSIENT = ("_backend", "_compiled", "_plans", "_key_of", "_last_ran", "_calls", "_signature", "forward")
+
+
+class RematModule(nn.Module):
+    """What ``optimize`` returns. Call it like the original; ``.plan`` is the plan in use.
+
+    ``state_dict``/``load_state_dict`` are the original module's (same keys), so checkpoints
+    move freely between the two.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        budget: object,
+        *,
+        inner: str,
+        solver: str,
+        device: str | DeviceProfile,
+        time_limit: float,
+        budget_kind: str = "auto",
+        offload: bool = False,
+        host_budget: object = None,
+        fullgraph: bool = True,
+        dynamic: bool = False,
+        plan_cache: Any = None,
+        costs: str = CostModel.ROOFLINE,
+        **solver_options: Any,
+    ) -> None:
+        super().__init__()
+        self.module = module
+        self._settings = _Settings(budget, inner, solver, device, time_limit, budget_kind, offload, host_budget,
+                                   dict(solver_options), fullgraph, dynamic, as_plan_cache(plan_cache), costs)
+        self._build()
+
+    def _build(self) -> None:
+        """Fresh compiled state: a backend, a compiled forward, no plans."""
+        settings = self._settings
+        self._plans: dict[PlanKey, Plan] = {}
+        self._key_of: dict[int, PlanKey] = {}  # id(plan) -> the key of the call it was made for
+        self._last_ran: tuple[Plan, ...] = ()  # the plans of the graph pieces the last call ran
+        self._calls = threading.local()  # .ran: the plans of the graphs this thread's call ran
+        self._backend = RematBackend(
+            settings.budget, inner=settings.inner, solver=settings.solver, device=settings.device,
+            time_limit=settings.time_limit, budget_kind=settings.budget_kind, free_inputs=settings.fullgraph,
+            offload=settings.offload, host_budget=settings.host_budget, plan_cache=settings.plan_cache,
+            costs=settings.costs, **settings.solver_options,
+        )
+        self._signature = forward_signature(self.module.forward)
+        # Not a registered submodule: its parameters are the original's.
+        object.__setattr__(self, "_compiled",
+                           torch.compile(self.module, backend=self._compile_graph, fullgraph=settings.fullgraph,
+                                         dynamic=settings.dynamic))
+        # The model's signature on forward, as torch.compile's own wrapper does: tools that inspect
+        # forward (Trainer drops batch columns forward does not name) see the model's parameters.
+        self.forward = functools.update_wrapper(functools.partial(RematModule._forward, self), self.module.forward)
+
+    def _compile_graph(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        """The backend, plus a note of which plans each run of the compiled graph uses."""
+        first = len(self._backend.plans)
+        compiled = self._backend(gm, example_inputs)
+        plans = tuple(self._backend.plans[first:])
+        calls = self._calls
+
+        @functools.wraps(compiled)  # keeps the calling convention flags (_boxed_call)
+        def run(*args: Any) -> Any:
+            calls.ran = getattr(calls, "ran", ()) + plans  # each piece of a call between graph breaks
+            return compiled(*args)
+
+        return run
+
+    @property
+    def plan(self) -> Plan | None:
+        """The plan the most recent training call ran (None before the first one)."""
+        return self._last_ran[-1] if self._last_ran else None
+
+    @property
+    def plans(self) -> dict[PlanKey, Plan]:
+        """The plan each key (inputs, mode, parameter states) last ran with."""
+        return dict(self._plans)
+
+    @property
+    def pieces(self) -> tuple[Plan, ...]:
+        """The plans of every graph piece the most recent training call ran, in order (with
+        ``fullgraph=False``, one per piece between graph breaks; ``plan`` is the last)."""
+        return self._last_ran
+
+    def _forward(self, *args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():
+            return self.module(*args, **kwargs)  # no backward, nothing to plan
+        args, kwargs = canonical(self._signature, args, kwargs)
+        made_before = len(self._backend.plans)
+        self._calls.ran = ()
+        output = self._run_compiled(args, kwargs)
+        ran = self._calls.ran
+        if len(self._backend.plans) > made_before:
+            self._key_new_plans(ran, args, kwargs)
+        if ran:
+            key = self._key_of.get(id(ran[-1]))
+            if key is not None:
+                self._plans[key] = ran[-1]
+            self._last_ran = ran
+        return output
+
+    def _key_new_plans(self, ran: tuple[Plan, ...], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Key the plans this call made and log why they were made. A compiled graph is chosen by
+        guards that cover everything in the key, so a plan is keyed once, when it is made: a call
+        that reuses graphs pays nothing for the key (a 291-parameter Llama: 2.6 ms; binding the
+        call to forward's signature, which every call does, costs 22 us). With ``dynamic=True``
+        one plan serves many shapes and stays under the key of the call it was made for."""
+        key = plan_key(self.module, args, kwargs)
+        previous = self._key_of.get(id(self._last_ran[-1])) if self._last_ran else None
+        for plan in ran:
+            self._key_of.setdefault(id(plan), key)
+        logger.info("%s: new plan (%d made so far): %s", type(self.module).__name__,
+                    len(self._backend.plans), replan_reason(previous, key, self.module))
+        if len(ran) > 1:
+            _warn_graph_breaks(self._settings.budget, len(ran))
+
+    def _run_compiled(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        try:
+            return self._call_compiled(args, kwargs)
+        except CaptureError as error:
+            if not _is_first_call_setup(error) or getattr(self, "_warmed_up", False):
+                raise
+        # Hugging Face models install their output-capturing hooks (under a threading lock) on the
+        # first forward that asks for them, which dynamo cannot trace; one forward without grad
+        # installs them. Safe: buffers and RNG state are restored, nothing is recorded for backward.
+        object.__setattr__(self, "_warmed_up", True)
+        logger.warning("%s: forward enters a lock or registers hooks, which dynamo cannot trace (Hugging Face "
+                       "models install hooks on their first call): ran one warm-up forward under no_grad "
+                       "(buffers and RNG state restored) and capturing again", type(self.module).__name__)
+        with untouched(self.module, (args, kwargs)), torch.no_grad():
+            self.module(*args, **kwargs)
+        return self._call_compiled(args, kwargs)
+
+    def _call_compiled(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        try:
+            with checkpoint_side_effects_run_once():
+                return self._compiled(*args, **kwargs)
+        except torch._dynamo.exc.BackendCompilerFailed as error:
+            cause = getattr(error, "inner_exception", None) or error.__cause__
+            if isinstance(cause, RematError):
+                raise cause.with_traceback(cause.__traceback__) from None
+            raise RematError(
+                f"planning or rewriting the captured graph failed: {type(cause).__name__}: {cause}. "
+                "This is a remat_pass bug; please report it with the model."
+            ) from error
+        except torch._dynamo.exc.TorchDynamoException as error:
+            raise _with_fullgraph_hint(capture_failure(error), self._settings.fullgraph) from error
+        except _RECOMPILE_LIMIT_HIT as error:  # not a TorchDynamoException
+            limit = recompile_limit()
+            raise CaptureError(
+                f"dynamo's recompile limit for this forward ({limit}, torch._dynamo.config.recompile_limit) is "
+                f"reached: every new input signature (shapes, dtypes, train/eval) is captured and planned again "
+                f"(this module has {len(self._plans)} plans), and so is every change of Python state forward "
+                f"reads, such as an int attribute it increments (`self.calls += 1`: dynamo specializes on the "
+                f"value). Pad or bucket inputs to a few shapes, keep changing state in a tensor buffer, or raise "
+                f"torch._dynamo.config.recompile_limit. TORCH_LOGS=recompiles shows why each recompile happened."
+            ) from error
+
+    def plan_ahead(self, *args: Any, **kwargs: Any) -> Plan | None:
+        """Capture and plan for this call now (``plan_ahead(tokens)``, ``plan_ahead(**batch)``),
+        leaving buffers and RNG state as they were. The first training call with inputs like
+        these runs this plan: nothing is captured again."""
+        with untouched(self.module, (args, kwargs)), torch.enable_grad():
+            self(*args, **kwargs)
+        return self.plan
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
+        return self.module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False):  # type: ignore[override]
+        return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def __getattr__(self, name: str) -> Any:
+        """nn.Module's lookup (parameters, buffers, submodules), then the wrapped model's attributes."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            module = self.__dict__.get("_modules", {}).get("module")
+            if module is None or name.startswith("__") or name in _TRANSIENT:
+                raise
+        try:
+            return getattr(module, name)
+        except AttributeError:
+            raise AttributeError(
+                f"'{type(self).__name__}' (wrapping {type(module).__name__}) has no attribute {name!r}"
+            ) from None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        for name in _TRANSIENT:
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._build()
+
+    def extra_repr(self) -> str:
+        return repr(self._backend)
+
+
+# What a model does once, on its first call, that dynamo cannot trace; a warm-up forward does it.
+_FIRST_CALL_SETUP = frozenset({CaptureCause.LOCK, CaptureCause.HOOK_INSTALL})
+
+
+def _is_first_call_setup(error: CaptureError) -> bool:
+    diagnosis = getattr(error, "diagnosis", None)
+    return diagnosis is not None and diagnosis.cause in _FIRST_CALL_SETUP
+
+
+def _warn_graph_breaks(budget: object, pieces: int) -> None:
+    """Pieces are planned one by one: say so, and what the budget then means."""
+    applies = ("each piece keeps that fraction of what it saves as given" if parse_budget(budget).fraction is not None
+               else "an absolute budget bounds each piece on its own, not their sum")
+    logger.warning("the forward was captured in %d pieces (graph breaks); each piece is planned separately: %s. "
+                   "TORCH_LOGS=graph_breaks shows where tracing broke", pieces, applies)
+
+
+def _with_fullgraph_hint(error: CaptureError, fullgraph: bool) -> CaptureError:
+    """The capture error (its ``diagnosis`` kept), plus the way round a graph break ``optimize`` has."""
+    if fullgraph and error.args:
+        error.args = (f"{error.args[0]}\nTo plan each piece between graph breaks instead, pass "
+                      "optimize(..., fullgraph=False).", *error.args[1:])
+    return error
+
+
+def optimize(
+    model: nn.Module,
+    budget: object = DEFAULT_BUDGET,
+    *,
+    example_inputs: Any = None,
+    example_kwargs: Mapping[str, Any] | None = None,
+    inner: str = "eager",
+    solver: str = "ilp",
+    device: str | DeviceProfile = "auto",
+    time_limit: float = 60.0,
+    budget_kind: str = "auto",
+    offload: bool = False,
+    host_budget: object = None,
+    fullgraph: bool = True,
+    dynamic: bool = False,
+    plan_cache: Any = None,
+    costs: str = CostModel.ROOFLINE,
+    **solver_options: Any,
+) -> RematModule:
+    """Wrap ``model`` so that its training step keeps at most ``budget`` activation bytes.
+
+    budget: a float in (0, 1] is a fraction of what the un-rematerialized step saves for
+    backward; an int (bytes) or a string like "512MB" / "2GiB" is an absolute cap on the peak
+    activation memory of the step. ``budget_kind`` ("saved" or "peak") overrides that choice
+    (a peak fraction is relative to the un-rematerialized step's peak). The plan is made on the
+    first call, or now from ``example_inputs`` (a tuple of positional inputs, one tensor, or a
+    dict of keyword inputs such as a Hugging Face batch) and ``example_kwargs`` (keyword inputs
+    beside positional ones); the first training call then runs that plan. An impossible budget raises
+    BudgetInfeasibleError with the smallest feasible one. ``device`` says where the step runs:
+    "auto" (the device of its tensors), a name ("cpu", "a100", "h100", "h200") or a
+    ``costs.DeviceProfile``. ``costs`` says how recompute is priced: "roofline" (the device's
+    profile), "flops" (recomputed FLOPs alone, like torch's knapsack; ``device="flops"`` is an
+    alias) or "measure" (each forward op timed once on the device with the first call's real
+    inputs, before planning; see ``remat_pass.annotate.op_timing``).
+
+    ``time_limit`` (seconds) bounds planning; capture and annotation come on top. Under a peak
+    budget the peak planner answers within it when a plan fits: its searches get the first four
+    fifths, making cheaper plans that overshoot fit (giving up kept values, or refreshing
+    recomputed ones) the next tenth, and, when its own bound leaves the answer open, the lower
+    bound for any schedule (``solvers.peak.schedule_bound``) the last. A model build or simulation
+    already started is not interrupted, so a deep model may run a little past it. When nothing
+    fits, a fixed probe of the trade-off curve follows, so that the smallest budget the error
+    states is one a plan was found for. Measured at a 60 s limit: 60.1-60.7 s on a 12- to
+    48-layer GPT, 4-60 s on 4-layer models; at 10 s, 8.9-9.0 s (``benchmarks/SCALING.md``,
+    ``benchmarks/RESULTS.md``, round 14).
+
+    ``offload=True`` lets the planner also send saved activations to host memory over the
+    device's host link where the transfer hides behind compute (``device`` must have one, e.g.
+    "h100"; ``host_budget`` bounds the host bytes). On CUDA the step uses PyTorch's
+    ``torch.ops.ao`` offload ops; on the CPU a copy stands in for the transfer, so a model on
+    the CPU can be planned for an H100 and checked against eager.
+
+    ``fullgraph=False`` accepts graph breaks: each piece is planned on its own (a fraction applies
+    to each piece; an absolute budget bounds each piece separately); ``.pieces`` lists their plans.
+    ``dynamic=True`` makes one plan, at the first call's shapes, that serves every input size
+    (the budget is checked at that shape; plan ahead with the largest one). ``plan_cache`` (a
+    directory or ``plan_cache.PlanCache``) stores plans on disk, so a restarted job skips the solve.
+
+    >>> import remat_pass
+    >>> from remat_pass.examples import gpt_example, lm_loss
+    >>> model, tokens, targets = gpt_example()
+    >>> opt = remat_pass.optimize(model, budget=0.4)
+    >>> lm_loss(opt(tokens), targets).backward()
+    >>> opt.plan.kept_bytes <= 0.4 * opt.plan.keep_all_bytes
+    True
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"optimize expects an nn.Module, got {type(model).__name__}")
+    reject_wrapped_model(model)
+    device = model_profile(device, model)
+    optimized = RematModule(
+        model, budget, inner=inner, solver=solver, device=device, time_limit=time_limit,
+        budget_kind=budget_kind, offload=offload, host_budget=host_budget, fullgraph=fullgraph, dynamic=dynamic,
+        plan_cache=plan_cache, costs=costs, **solver_options,
+    )
+    if example_inputs is not None or example_kwargs is not None:
+        call = call_inputs(example_inputs, example_kwargs)
+        optimized.plan_ahead(*call.args, **call.kwargs)
+    return optimized

@@ -1,0 +1,195 @@
+"""The ``torch.compile`` backend: each captured joint graph goes through ``pipeline.plan_joint_graph``.
+
+``torch.compile(model, backend="remat")`` uses the default budget (see ``DEFAULT_BUDGET``);
+``torch.compile(model, backend=remat_pass.backend(budget="1GiB", inner="inductor"))`` chooses.
+The name "remat" is registered through the ``torch_dynamo_backends`` entry point in
+pyproject.toml, which is how torch discovers third-party backends.
+
+Where a training framework selects the backend by a string in its config (torchtitan's
+``compile.backend``), no budget object can be passed: the registered "remat" backend reads its
+settings from the environment instead (the one documented exception to "no environment
+variables"), at each compile:
+
+* ``REMAT_PASS_BUDGET``: ``0.3`` (a number with a decimal point: a fraction of keep-all) or a
+  size (``2GiB``, ``500MB``, ``1000000`` bytes); default ``DEFAULT_BUDGET``;
+* ``REMAT_PASS_BUDGET_KIND``: ``auto`` (default), ``saved`` or ``peak``;
+* ``REMAT_PASS_ON_INFEASIBLE``: ``clamp`` (default: a graph that cannot meet the budget is
+  planned at its own minimum, with a warning) or ``raise``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any, Callable
+
+from torch import fx
+
+from remat_pass import solvers
+from remat_pass.solvers.problem import Plan
+
+from ..planning.budget import Budget, parse_budget
+from ..annotate.attribution import module_path
+from ..capture.capture import INNER_COMPILERS, JointGraph, make_dynamo_backend
+from ..annotate.costs import CostModel, DeviceProfile, parse_costs
+from ..rewrite.offload import check_offload_options, parse_host_budget
+from .plan_cache import PlanCache, as_plan_cache
+from ..errors import InvalidBudgetError
+from ..planning.pipeline import (
+    DEFAULT_BUDGET,
+    DEFAULT_TIME_LIMIT,
+    BudgetKind,
+    OnInfeasible,
+    PlanOptions,
+    describe_piece,
+    plan_joint_graph,
+    resolve_budget_kind,
+)
+
+logger = logging.getLogger(__name__)
+
+ENV_BUDGET, ENV_BUDGET_KIND, ENV_ON_INFEASIBLE = "REMAT_PASS_BUDGET", "REMAT_PASS_BUDGET_KIND", "REMAT_PASS_ON_INFEASIBLE"
+
+class RematBackend:
+    """A dynamo backend object; it remembers the plan of every subgraph it compiled.
+
+    ``plans`` lists them in compile order. ``on_plan`` (used by ``optimize``) is called with
+    each new plan as soon as it exists. ``plan_cache`` (a ``PlanCache`` or a directory) stores
+    solved plans on disk and reuses them when the same graph is planned with the same inputs.
+
+    ``on_infeasible``: when one graph (a piece of a step dynamo split at graph breaks, DDP's
+    gradient buckets or FSDP2's hooks) cannot meet the budget, "raise" (default) fails the
+    compile with BudgetInfeasibleError naming the piece and its minimum; "clamp" plans that
+    piece at its minimum and logs a warning saying so.
+
+    ``pieces``: the budget covers this many graphs the backend will compile, such as ``n``
+    identical blocks each compiled with it (``apply_to_blocks(per="step")``). A fraction
+    needs no split (the same fraction of each piece is that fraction of their sum); an absolute
+    budget becomes ``budget // pieces`` bytes *saved for backward* per piece, whose sum is then
+    at most the budget. Peaks do not add up across pieces, so a peak budget cannot be split.
+    """
+
+    def __init__(
+        self,
+        budget: object = DEFAULT_BUDGET,
+        *,
+        inner: str = "eager",
+        solver: str = "ilp",
+        device: str | DeviceProfile = "auto",
+        time_limit: float = DEFAULT_TIME_LIMIT,
+        budget_kind: str = BudgetKind.AUTO,
+        on_plan: Callable[[Plan], None] | None = None,
+        free_inputs: bool = False,
+        offload: bool = False,
+        host_budget: object = None,
+        on_infeasible: str = OnInfeasible.RAISE,
+        pieces: int = 1,
+        plan_cache: PlanCache | str | os.PathLike[str] | None = None,
+        costs: str = CostModel.ROOFLINE,
+        **solver_options: Any,
+    ) -> None:
+        if inner not in INNER_COMPILERS:
+            raise ValueError(f"inner must be one of {INNER_COMPILERS}, got {inner!r}")
+        solvers.get_solver(solver)  # an unknown name is a ValueError naming the choices
+        parsed = parse_budget(budget)
+        resolve_budget_kind(parsed, budget_kind)  # reject a bad kind now, not at the first call
+        check_offload_options(offload, device, solver)
+        try:
+            on_infeasible = OnInfeasible(on_infeasible)
+        except ValueError:
+            raise ValueError(f"on_infeasible must be 'raise' or 'clamp', got {on_infeasible!r}") from None
+        parsed, budget_kind = _per_piece(parsed, budget_kind, pieces)
+        self.options = PlanOptions(parsed, solver, device, time_limit, budget_kind, solver_options, free_inputs,
+                                   on_infeasible=on_infeasible, offload=offload,
+                                   host_budget_bytes=parse_host_budget(host_budget),
+                                   plan_cache=as_plan_cache(plan_cache), costs=parse_costs(costs))
+        self.pieces = pieces
+        self.inner = inner
+        self.plans: list[Plan] = []
+        self._on_plan = on_plan
+        self._lock = threading.Lock()
+        self._compile = make_dynamo_backend(self._partition, inner)
+
+    def _partition(self, joint: JointGraph) -> tuple[fx.GraphModule, fx.GraphModule]:
+        try:
+            planned = plan_joint_graph(joint, self.options)
+        except solvers.BudgetInfeasibleError as error:
+            error.args = (f"{error.args[0]} (graph {len(self.plans) + 1} compiled by this backend, covering "
+                          f"{_describe_joint(joint)}). To plan such a piece at its own minimum instead, pass "
+                          f"on_infeasible='clamp'.",)
+            raise
+        with self._lock:
+            self.plans.append(planned.plan)
+        if self._on_plan is not None:
+            self._on_plan(planned.plan)
+        return planned.forward, planned.backward
+
+    def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+        return self._compile(gm, example_inputs)
+
+    def __repr__(self) -> str:
+        per_piece = f", pieces={self.pieces}" if self.pieces > 1 else ""
+        return (f"RematBackend(budget={self.options.budget}{per_piece}, inner={self.inner!r}, "
+                f"solver={self.options.solver!r}, on_infeasible='{self.options.on_infeasible}')")
+
+
+def _describe_joint(joint: JointGraph) -> str:
+    """The modules a joint graph's forward covers, to name it in an error."""
+    modules = [module_path(node) for node in joint.module.graph.nodes if node.op == "call_function"]
+    return describe_piece([m for m in modules if m])
+
+
+def _per_piece(budget: Budget, kind: str, pieces: int) -> tuple[Budget, str]:
+    """The budget of one of ``pieces`` graphs that share a step budget (see RematBackend)."""
+    if not isinstance(pieces, int) or isinstance(pieces, bool) or pieces < 1:
+        raise ValueError(f"pieces must be a positive int, got {pieces!r}")
+    if pieces == 1 or budget.fraction is not None:
+        return budget, kind
+    if kind == BudgetKind.PEAK:
+        raise ValueError(
+            f"a peak budget cannot be split over {pieces} pieces: the step's peak is not the sum of the pieces' "
+            "peaks. Give each piece its own peak budget (pieces=1), or split a saved-bytes budget."
+        )
+    assert budget.nbytes is not None
+    share = max(budget.nbytes // pieces, 1)
+    logger.info("a step budget of %d bytes saved for backward, split over %d pieces: %d bytes each",
+                budget.nbytes, pieces, share)
+    return Budget(nbytes=share), BudgetKind.SAVED
+
+
+def backend(budget: object = DEFAULT_BUDGET, *, inner: str = "eager", **options: Any) -> RematBackend:
+    """A ``torch.compile`` backend with a budget.
+
+    >>> import torch, remat_pass
+    >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 8))
+    >>> compiled = torch.compile(model, backend=remat_pass.backend(budget=0.5))
+    >>> compiled(torch.randn(2, 8)).sum().backward()
+    """
+    return RematBackend(budget, inner=inner, **options)
+
+
+def remat_backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+    """The registered "remat" backend: eager inner compiler, settings from the environment
+    (``REMAT_PASS_BUDGET``, ``REMAT_PASS_BUDGET_KIND``, ``REMAT_PASS_ON_INFEASIBLE``; see the
+    module docstring), by default ``DEFAULT_BUDGET`` clamped where a graph cannot meet it."""
+    return RematBackend(**settings_from_environment())(gm, example_inputs)
+
+
+def settings_from_environment(environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """The registered backend's keyword arguments from ``REMAT_PASS_*`` (bad values raise, naming the variable)."""
+    env = os.environ if environ is None else environ
+    budget: object = DEFAULT_BUDGET
+    text = env.get(ENV_BUDGET, "").strip()
+    if text:
+        try:
+            budget = float(text) if "." in text and text.replace(".", "", 1).isdigit() else text
+            parse_budget(budget)
+        except InvalidBudgetError as error:
+            raise InvalidBudgetError(f"{ENV_BUDGET}={text!r}: {error}") from None
+    kind = env.get(ENV_BUDGET_KIND, BudgetKind.AUTO).strip() or BudgetKind.AUTO
+    on_infeasible = env.get(ENV_ON_INFEASIBLE, OnInfeasible.CLAMP).strip() or OnInfeasible.CLAMP
+    for name, value, allowed in ((ENV_BUDGET_KIND, kind, BudgetKind), (ENV_ON_INFEASIBLE, on_infeasible, OnInfeasible)):
+        if value not in {member.value for member in allowed}:
+            raise ValueError(f"{name}={value!r}: must be one of {', '.join(member.value for member in allowed)}")
+    return {"budget": budget, "budget_kind": kind, "on_infeasible": on_infeasible}

@@ -1,0 +1,239 @@
+"""A plan cache on disk, so that a restarted job skips the solve.
+
+Planning a graph is capture + annotate (seconds) and a solve (up to the time limit). The solve is
+a pure function of the torch-free ``Problem`` and the planning inputs, so its answer can be
+stored: ``PlanCache(directory)`` keeps one small JSON file per key, where the key is a SHA-256 of
+
+* the problem, every field of it (each value's op, inputs, storage, bytes, recompute cost, tags,
+  module path; what backward reads and in which steps; the device): the graph as planners see it,
+  except measured recompute costs (below);
+* the planning inputs, every field of ``PlanOptions`` (budget, budget kind, solver, device
+  profile, time limit, solver options, offload, what to do when a budget is infeasible);
+* the versions of remat_pass and torch (a new release may plan differently).
+
+Any change of these is a miss and a new solve.
+
+Measured costs (``costs="measure"``, ``op_timing``) jitter from run to run, so a key with them
+in it would never hit again. A measured problem is keyed by its structure alone (every field but
+``Value.recompute_seconds``; the cost model is in the key, as ``Problem.costs`` and in the
+planning inputs), and the record keeps the costs the plan was solved with. On a hit the plan is
+checked and re-priced against this run's problem:
+
+* it still fits: kept and offloaded bytes depend on bytes only, which are in the key; the
+  simulated peak (``predicted_peak_bytes``) is simulated again, since an offloaded storage's
+  transfers are timed by op costs, and a peak above the one the plan was made with is a miss;
+* its predicted cost is this run's (the ``Plan`` properties read the problem it is built on);
+* its ``status`` and ``gap`` claim no more than holds: if every recomputable value's cost is at
+  least ``rho`` times its old one, every plan costs at least ``rho`` times what it did, so
+  ``rho`` times the old lower bound still bounds the optimum and gives the gap (without offload:
+  an offloaded transfer's exposed time is not monotone in op costs, so there the gap is unknown).
+
+Quantizing the measured costs into the key was the alternative; it was not taken because a
+graph has hundreds of ops, and one of them jittering across a bucket edge is a miss. Hits and misses are logged at INFO and counted
+(``cache.hits``, ``cache.misses``). A file that cannot be read is a miss (and is overwritten);
+a file that cannot be written is a warning, never a failed step. Pass the cache (or a directory)
+to ``optimize(..., plan_cache=...)`` or ``backend(..., plan_cache=...)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+import logging
+import math
+import os
+import tempfile
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from remat_pass.solvers.analysis.memory import simulate_plan
+from remat_pass.solvers.problem import Plan, Problem
+from remat_pass.solvers.status import CLOSED_GAP, Status, relative_gap
+
+logger = logging.getLogger(__name__)
+
+FORMAT = 1
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _canonical(value: Any) -> Any:
+    """JSON-ready and independent of hash order: dataclasses by field, sets sorted, floats exact."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _canonical(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return _canonical(value.value)
+    if isinstance(value, (set, frozenset)):
+        return sorted((_canonical(v) for v in value), key=repr)
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if isinstance(value, dict):
+        return sorted([str(k), _canonical(v)] for k, v in value.items())
+    if isinstance(value, float):
+        return repr(value)
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    return repr(value)
+
+
+def _measured(problem: Problem) -> bool:
+    return problem.costs == "measure"
+
+
+def problem_digest(problem: Problem) -> str:
+    """SHA-256 of every field of the problem (values, storages, reads, steps, device, ...); of a
+    measured problem's, all but the measured ``recompute_seconds`` (see the module)."""
+    record = _canonical(problem)
+    if _measured(problem):
+        for value in record["values"]:
+            value["recompute_seconds"] = None
+    return hashlib.sha256(json.dumps(record, separators=(",", ":")).encode()).hexdigest()
+
+
+def _planning_inputs(options: Any) -> dict[str, Any]:
+    """Every field of ``PlanOptions`` but the cache itself, and the versions that plan."""
+    fields = {f.name: _canonical(getattr(options, f.name)) for f in dataclasses.fields(options) if f.name != "plan_cache"}
+    return {**fields, "remat_pass": _version("remat-pass"), "torch": _version("torch"), "format": FORMAT}
+
+
+def cache_key(problem: Problem, options: Any) -> str:
+    """The file name a plan for ``problem`` under ``options`` is stored as."""
+    record = {"problem": problem_digest(problem), "options": _planning_inputs(options)}
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+
+
+@dataclasses.dataclass
+class PlanCache:
+    """Plans on disk under ``directory``, one JSON file per (problem, planning inputs) key.
+
+    >>> import tempfile
+    >>> cache = PlanCache(tempfile.mkdtemp())
+    >>> cache.hits, cache.misses
+    (0, 0)
+    """
+
+    directory: Path
+    hits: int = 0
+    misses: int = 0
+
+    def __post_init__(self) -> None:
+        self.directory = Path(self.directory).expanduser()
+
+    @property
+    def stats(self) -> dict[str, int]:
+        return {"hits": self.hits, "misses": self.misses}
+
+    def get(self, problem: Problem, options: Any) -> tuple[Plan, dict[str, Any]] | None:
+        """The stored plan for ``problem`` under ``options`` and the budget it was made for, or None."""
+        key = cache_key(problem, options)
+        path = self.directory / f"{key}.json"
+        try:
+            record = json.loads(path.read_text())
+            plan = _plan_from(problem, record)
+            if _measured(problem):
+                plan = _checked_and_repriced(plan, record["seconds"], bounded=not options.offload)
+        except FileNotFoundError:
+            plan = None
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            logger.warning("plan cache file %s is unreadable (%s); solving again", path, error)
+            plan = None
+        if plan is None:
+            self.misses += 1
+            logger.info("plan cache miss %s in %s (%d hits, %d misses)", key[:12], self.directory, self.hits,
+                        self.misses)
+            return None
+        self.hits += 1
+        logger.info("plan cache hit %s in %s: skipping the solve (%d hits, %d misses)", key[:12], self.directory,
+                    self.hits, self.misses)
+        return plan, record["budget"]
+
+    def put(self, problem: Problem, options: Any, plan: Plan, budget: dict[str, Any]) -> None:
+        """Store ``plan`` (and the budget it was made for, in ``Budget``'s fields and kind)."""
+        key = cache_key(problem, options)
+        record = {"format": FORMAT, "plan": _plan_fields(plan), "budget": budget}
+        if _measured(problem):
+            record["seconds"] = [value.recompute_seconds for value in problem.values]
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=self.directory, suffix=".tmp", delete=False) as handle:
+                json.dump(record, handle)
+            os.replace(handle.name, self.directory / f"{key}.json")  # atomic: readers never see half a file
+        except OSError as error:
+            logger.warning("could not write the plan cache in %s: %s", self.directory, error)
+
+
+def _plan_fields(plan: Plan) -> dict[str, Any]:
+    """Every field of the plan but its problem; sets as sorted lists (marked, to come back as sets)."""
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(plan):
+        value = getattr(plan, f.name)
+        if f.name == "problem":
+            continue
+        if isinstance(value, (set, frozenset)):
+            fields[f.name] = {"set": sorted(value)}
+        elif isinstance(value, enum.Enum):
+            fields[f.name] = value.value
+        else:
+            fields[f.name] = value
+    return fields
+
+
+def _plan_from(problem: Problem, record: dict[str, Any]) -> Plan:
+    if record.get("format") != FORMAT:
+        raise ValueError(f"format {record.get('format')!r}, expected {FORMAT}")
+    fields = {name: frozenset(value["set"]) if isinstance(value, dict) and "set" in value else value
+              for name, value in record["plan"].items()}
+    return Plan(problem, **fields)  # Plan.check() rejects a record that does not fit the problem
+
+
+def _checked_and_repriced(plan: Plan, solved_seconds: list[float], bounded: bool) -> Plan | None:
+    """``plan`` (built on this run's measured problem), solved when the values cost
+    ``solved_seconds``: None if its simulated peak rose, else re-priced with an honest status
+    and gap (see the module; ``bounded``: the planner's objective was recompute time alone)."""
+    problem = plan.problem
+    if len(solved_seconds) != len(problem.values):
+        raise ValueError(f"{len(solved_seconds)} stored costs for {len(problem.values)} values")
+    if [value.recompute_seconds for value in problem.values] == solved_seconds:
+        return plan
+    if plan.predicted_peak_bytes is not None:
+        peak = simulate_plan(problem, plan).peak_bytes
+        if peak > plan.predicted_peak_bytes:
+            logger.info("plan cache: with this run's measured costs the cached plan peaks at %d bytes, above the "
+                        "%d it was planned with; solving again", peak, plan.predicted_peak_bytes)
+            return None
+        plan = dataclasses.replace(plan, predicted_peak_bytes=peak)
+    then = dataclasses.replace(problem, values=tuple(
+        dataclasses.replace(value, recompute_seconds=seconds) for value, seconds in zip(problem.values, solved_seconds)))
+    cost_then = dataclasses.replace(plan, problem=then).predicted_extra_seconds
+    cost_now = plan.predicted_extra_seconds
+    gap = None
+    if bounded and plan.gap is not None and math.isfinite(plan.gap):
+        rho = min((value.recompute_seconds / seconds for value, seconds in zip(problem.values, solved_seconds)
+                   if value.recomputable and seconds > 0), default=1.0)
+        gap = relative_gap(cost_now, rho * cost_then * (1 - plan.gap))
+    status = plan.status
+    if status is Status.OPTIMAL and (gap is None or gap > CLOSED_GAP):
+        status = Status.FEASIBLE
+    logger.info("plan cache: re-priced with this run's measured costs: +%.6g s (planned at +%.6g s), gap %s",
+                cost_now, cost_then, "unknown" if gap is None else f"{gap:.2%}")
+    return dataclasses.replace(plan, status=status, gap=gap)
+
+
+def as_plan_cache(value: PlanCache | str | os.PathLike[str] | None) -> PlanCache | None:
+    """A ``PlanCache`` from a cache or a directory; None stays None (no caching)."""
+    if value is None or isinstance(value, PlanCache):
+        return value
+    if isinstance(value, (str, os.PathLike)):
+        return PlanCache(Path(value))
+    raise TypeError(f"plan_cache must be a PlanCache, a directory path or None, got {type(value).__name__}")
+
+
+__all__ = ["PlanCache", "as_plan_cache", "cache_key", "problem_digest"]

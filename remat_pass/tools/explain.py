@@ -1,0 +1,78 @@
+"""Explain a plan without training: trace the step once, solve one budget, and say per module
+what is kept, what is recomputed and what that costs.
+
+>>> import torch, remat_pass.tools.explain as rx
+>>> model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+>>> explanation = rx.explain(model, (torch.randn(4, 8),), budget=0.5)
+>>> explanation.plan.kept_bytes <= explanation.plan.keep_all_bytes // 2
+True
+>>> [row.module for row in explanation.rows]
+['0', '1', '2']
+>>> explanation.show()  # doctest: +SKIP
+
+The step is traced by ``pipeline.trace_step`` (capture, annotate, one torch-free ``Problem`` for the
+whole step, with its forward+backward FLOPs to put recompute in proportion) and planned by
+``pipeline.plan_problem``, as ``sweep`` and ``plan`` do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from ..planning.budget import parse_budget
+from ..annotate.costs import CostModel, DeviceProfile, parse_costs
+from ..planning.pipeline import DEFAULT_TIME_LIMIT, BudgetKind, LossFn, PlanOptions, TracedStep, plan_problem, trace_step
+from .report import PlanReport
+
+Explanation = PlanReport
+"""What ``explain`` returns: the one plan report (``remat_pass.tools.report.PlanReport``)."""
+
+
+def explain_traced(
+    traced: TracedStep,
+    budget: object,
+    solver: str = "ilp",
+    *,
+    depth: int | None = None,
+    budget_kind: str = BudgetKind.AUTO,
+    offload: bool = False,
+    **solver_options: Any,
+) -> PlanReport:
+    """``explain`` for a step already traced (``trace_step``); raises BudgetInfeasibleError.
+
+    The budget means what it means for ``optimize`` (``budget_kind``: a fraction bounds saved
+    bytes, an absolute size the step's peak, unless told otherwise).
+    """
+    parsed = parse_budget(budget)
+    if depth is not None and depth < 1:
+        raise ValueError(f"depth must be a positive number of path parts or None, got {depth}")
+    time_limit = solver_options.pop("time_limit", DEFAULT_TIME_LIMIT)
+    options = PlanOptions(parsed, solver, traced.problem.device, time_limit, budget_kind, solver_options,
+                          offload=offload)
+    plan = plan_problem(traced.problem, options).plan
+    return PlanReport(plan, traced.step_flops, traced.forward_seconds, traced.pieces, budget=parsed, depth=depth)
+
+
+def explain(
+    model: nn.Module,
+    example_inputs: Any,
+    budget: object,
+    solver: str = "ilp",
+    device: str | DeviceProfile = "auto",
+    *,
+    loss_fn: LossFn | None = None,
+    depth: int | None = None,
+    costs: str = CostModel.ROOFLINE,
+    **solver_options: Any,
+) -> PlanReport:
+    """Plan ``model``'s training step for ``budget`` and account for it module by module.
+
+    Nothing is trained: the step is traced once (see ``trace_step``). ``budget`` as for
+    ``optimize``; an impossible one raises BudgetInfeasibleError with the smallest feasible.
+    ``solver`` is any name in ``solvers.SOLVERS``; ``device`` picks the cost model and ``costs``
+    how it prices recompute ("roofline", "flops", "measure").
+    """
+    traced = trace_step(model, example_inputs, loss_fn=loss_fn, device=device, costs=parse_costs(costs))
+    return explain_traced(traced, budget, solver, depth=depth, **solver_options)
