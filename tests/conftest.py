@@ -7,6 +7,18 @@ from remat_pass.solvers.problem import Problem
 
 
 @pytest.fixture(autouse=True)
+def _eager_backend_unless_its_default_is_the_subject(request, monkeypatch):
+    """The torch.compile backend compiles its graphs with Inductor by default, whose cold CPU
+    compile takes 10-90 s a graph on this 2-core machine; tests marked ``backend_default`` run
+    that default, the others the eager inner compiler (whose program the peak model describes
+    exactly). ``optimize`` is eager by default either way."""
+    if request.node.get_closest_marker("backend_default") is None:
+        from remat_pass.runtime import dynamo_backend
+
+        monkeypatch.setattr(dynamo_backend, "BACKEND_INNER", "eager")
+
+
+@pytest.fixture(autouse=True)
 def _fresh_dynamo():
     """Each test compiles from scratch: no cached graph or plan leaks between tests."""
     torch._dynamo.reset()

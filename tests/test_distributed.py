@@ -265,6 +265,9 @@ RECIPES: dict[str, Callable[[int], dict[str, Any]]] = {
 
 def _worker(rank: int, recipes: list[str], port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    from remat_pass.runtime import dynamo_backend
+
+    dynamo_backend.BACKEND_INNER = "eager"  # as conftest does in this process: Inductor is not their subject
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=WORLD, timeout=datetime.timedelta(seconds=60))
     try:
@@ -570,7 +573,8 @@ def test_registered_backend_reads_its_budget_from_the_environment(text, budget):
     from remat_pass.runtime.dynamo_backend import settings_from_environment
 
     settings = settings_from_environment({"REMAT_PASS_BUDGET": text})
-    assert settings == {"budget": budget, "budget_kind": "auto", "on_infeasible": "clamp"}
+    assert settings == {"budget": budget, "budget_kind": "auto", "on_infeasible": "clamp", "inner": None}
+    assert settings_from_environment({"REMAT_PASS_INNER": "eager"})["inner"] == "eager"
 
 
 @pytest.mark.parametrize("environ, message", [
@@ -578,6 +582,7 @@ def test_registered_backend_reads_its_budget_from_the_environment(text, budget):
     ({"REMAT_PASS_BUDGET": "1.5"}, "REMAT_PASS_BUDGET='1.5'"),
     ({"REMAT_PASS_BUDGET_KIND": "max"}, "REMAT_PASS_BUDGET_KIND='max'"),
     ({"REMAT_PASS_ON_INFEASIBLE": "skip"}, "REMAT_PASS_ON_INFEASIBLE='skip'"),
+    ({"REMAT_PASS_INNER": "aot_eager"}, "REMAT_PASS_INNER='aot_eager'"),
 ])
 def test_registered_backend_rejects_bad_environment(environ, message):
     from remat_pass.runtime.dynamo_backend import settings_from_environment

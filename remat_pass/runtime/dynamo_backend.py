@@ -1,7 +1,14 @@
 """The ``torch.compile`` backend: each captured joint graph goes through ``pipeline.plan_joint_graph``.
 
 ``torch.compile(model, backend="remat")`` uses the default budget (see ``DEFAULT_BUDGET``);
-``torch.compile(model, backend=remat_pass.backend(budget="1GiB", inner="inductor"))`` chooses.
+``torch.compile(model, backend=remat_pass.backend(budget="1GiB"))`` chooses. Under a saved-bytes
+budget (a fraction, the default) the two graphs a plan makes are compiled by Inductor
+(``BACKEND_INNER``): a user who chose ``torch.compile`` chose it for Inductor's speed, a backend
+that ran the step op by op is slower than the compile it replaced (benchmarks/GPU.md: 1.41x
+eager's step where Inductor took 0.90x), and what is kept for backward is the plan's whatever
+compiles it. Under a peak budget they run as FX code (``inner="eager"``): the peak model is of
+that program, and Inductor's fused one peaks elsewhere, over the budget on 12 of 23 rows of
+benchmarks/VS_INDUCTOR.md (up to 22%), so only eager keeps the promise.
 The name "remat" is registered through the ``torch_dynamo_backends`` entry point in
 pyproject.toml, which is how torch discovers third-party backends.
 
@@ -14,7 +21,8 @@ variables"), at each compile:
   size (``2GiB``, ``500MB``, ``1000000`` bytes); default ``DEFAULT_BUDGET``;
 * ``REMAT_PASS_BUDGET_KIND``: ``auto`` (default), ``saved`` or ``peak``;
 * ``REMAT_PASS_ON_INFEASIBLE``: ``clamp`` (default: a graph that cannot meet the budget is
-  planned at its own minimum, with a warning) or ``raise``.
+  planned at its own minimum, with a warning) or ``raise``;
+* ``REMAT_PASS_INNER``: ``inductor`` (default) or ``eager``.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import os
 import threading
 from typing import Any, Callable
 
+import torch
 from torch import fx
 
 from remat_pass import solvers
@@ -32,6 +41,7 @@ from remat_pass.solvers.problem import Plan
 from ..planning.budget import Budget, parse_budget
 from ..annotate.attribution import module_path
 from ..capture.capture import INNER_COMPILERS, JointGraph, make_dynamo_backend
+from ..compat import has_custom_partitioner
 from ..annotate.costs import CostModel, DeviceProfile, parse_costs
 from ..rewrite.offload import check_offload_options, parse_host_budget
 from .plan_cache import PlanCache, as_plan_cache
@@ -50,6 +60,32 @@ from ..planning.pipeline import (
 logger = logging.getLogger(__name__)
 
 ENV_BUDGET, ENV_BUDGET_KIND, ENV_ON_INFEASIBLE = "REMAT_PASS_BUDGET", "REMAT_PASS_BUDGET_KIND", "REMAT_PASS_ON_INFEASIBLE"
+ENV_INNER = "REMAT_PASS_INNER"
+
+# The torch.compile backend's inner compiler unless one is named (``optimize`` keeps "eager").
+BACKEND_INNER = "inductor"
+
+
+def backend_inner(inner: str | None, kind: BudgetKind = BudgetKind.SAVED) -> str:
+    """``inner``, or the backend's default for a budget of this ``kind``: eager for a peak budget
+    (the program whose peak is modeled); otherwise Inductor, where this torch lets a partitioner
+    of ours run inside it (``custom_partitioner_fn``), eager with a warning saying why if not."""
+    if inner is not None:
+        if inner not in INNER_COMPILERS:
+            raise ValueError(f"inner must be one of {INNER_COMPILERS}, got {inner!r}")
+        if inner == "inductor" and kind is BudgetKind.PEAK:
+            logger.warning("inner='inductor' with a peak budget: the plan fits the budget in the unfused "
+                           "program's peak model, but Inductor's fused program peaks elsewhere (up to 22%% over "
+                           "in benchmarks/VS_INDUCTOR.md); inner='eager' keeps the peak within the budget")
+        return inner
+    if kind is BudgetKind.PEAK:
+        return "eager"
+    if BACKEND_INNER == "inductor" and not has_custom_partitioner():
+        logger.warning("torch %s has no torch._inductor.config.custom_partitioner_fn: the remat backend "
+                       "runs its graphs with inner='eager' (Inductor needs a newer torch)", torch.__version__)
+        return "eager"
+    return BACKEND_INNER
+
 
 class RematBackend:
     """A dynamo backend object; it remembers the plan of every subgraph it compiled.
@@ -74,7 +110,7 @@ class RematBackend:
         self,
         budget: object = DEFAULT_BUDGET,
         *,
-        inner: str = "eager",
+        inner: str | None = None,
         solver: str = "ilp",
         device: str | DeviceProfile = "auto",
         time_limit: float = DEFAULT_TIME_LIMIT,
@@ -89,8 +125,6 @@ class RematBackend:
         costs: str = CostModel.ROOFLINE,
         **solver_options: Any,
     ) -> None:
-        if inner not in INNER_COMPILERS:
-            raise ValueError(f"inner must be one of {INNER_COMPILERS}, got {inner!r}")
         solvers.get_solver(solver)  # an unknown name is a ValueError naming the choices
         parsed = parse_budget(budget)
         resolve_budget_kind(parsed, budget_kind)  # reject a bad kind now, not at the first call
@@ -100,6 +134,7 @@ class RematBackend:
         except ValueError:
             raise ValueError(f"on_infeasible must be 'raise' or 'clamp', got {on_infeasible!r}") from None
         parsed, budget_kind = _per_piece(parsed, budget_kind, pieces)
+        inner = backend_inner(inner, resolve_budget_kind(parsed, budget_kind))
         self.options = PlanOptions(parsed, solver, device, time_limit, budget_kind, solver_options, free_inputs,
                                    on_infeasible=on_infeasible, offload=offload,
                                    host_budget_bytes=parse_host_budget(host_budget),
@@ -158,8 +193,9 @@ def _per_piece(budget: Budget, kind: str, pieces: int) -> tuple[Budget, str]:
     return Budget(nbytes=share), BudgetKind.SAVED
 
 
-def backend(budget: object = DEFAULT_BUDGET, *, inner: str = "eager", **options: Any) -> RematBackend:
-    """A ``torch.compile`` backend with a budget.
+def backend(budget: object = DEFAULT_BUDGET, *, inner: str | None = None, **options: Any) -> RematBackend:
+    """A ``torch.compile`` backend with a budget; its graphs compiled by Inductor unless
+    ``inner="eager"`` (see ``BACKEND_INNER``).
 
     >>> import torch, remat_pass
     >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 8))
@@ -170,9 +206,9 @@ def backend(budget: object = DEFAULT_BUDGET, *, inner: str = "eager", **options:
 
 
 def remat_backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
-    """The registered "remat" backend: eager inner compiler, settings from the environment
-    (``REMAT_PASS_BUDGET``, ``REMAT_PASS_BUDGET_KIND``, ``REMAT_PASS_ON_INFEASIBLE``; see the
-    module docstring), by default ``DEFAULT_BUDGET`` clamped where a graph cannot meet it."""
+    """The registered "remat" backend: settings from the environment (``REMAT_PASS_BUDGET``,
+    ``REMAT_PASS_BUDGET_KIND``, ``REMAT_PASS_ON_INFEASIBLE``, ``REMAT_PASS_INNER``; see the
+    module docstring), by default ``DEFAULT_BUDGET`` clamped where a graph cannot meet it, on Inductor."""
     return RematBackend(**settings_from_environment())(gm, example_inputs)
 
 
@@ -189,7 +225,10 @@ def settings_from_environment(environ: dict[str, str] | None = None) -> dict[str
             raise InvalidBudgetError(f"{ENV_BUDGET}={text!r}: {error}") from None
     kind = env.get(ENV_BUDGET_KIND, BudgetKind.AUTO).strip() or BudgetKind.AUTO
     on_infeasible = env.get(ENV_ON_INFEASIBLE, OnInfeasible.CLAMP).strip() or OnInfeasible.CLAMP
+    inner = env.get(ENV_INNER, "").strip() or None
     for name, value, allowed in ((ENV_BUDGET_KIND, kind, BudgetKind), (ENV_ON_INFEASIBLE, on_infeasible, OnInfeasible)):
         if value not in {member.value for member in allowed}:
             raise ValueError(f"{name}={value!r}: must be one of {', '.join(member.value for member in allowed)}")
-    return {"budget": budget, "budget_kind": kind, "on_infeasible": on_infeasible}
+    if inner is not None and inner not in INNER_COMPILERS:
+        raise ValueError(f"{ENV_INNER}={inner!r}: must be one of {', '.join(INNER_COMPILERS)}")
+    return {"budget": budget, "budget_kind": kind, "on_infeasible": on_infeasible, "inner": inner}
