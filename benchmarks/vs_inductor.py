@@ -16,7 +16,7 @@ between points):
   by op). ``BudgetInfeasibleError`` becomes a ``refused`` row with the smallest budget remat_pass
   found, never a dropped row.
 
-Per row (``benchmarks.runner._measure``, as every other benchmark here): the allocator-level
+Per row (``benchmarks.runner.measure_prepared``, as every other benchmark here): the allocator-level
 activation peak, executed FLOPs (the profiler's count of dispatched aten matmul/attention ops, so
 a matmul Inductor generates as its own kernel would be missed: ``flops_below_eager`` flags it), the
 gradients against eager's and against the default Inductor row's. Step time: the point's rows run
@@ -49,7 +49,7 @@ import torch
 import remat_pass
 from benchmarks import cli, metrics, runner
 from benchmarks.models import HF_KINDS, ModelSpec, Workload, build
-from benchmarks.strategies import Options, Prepared, Strategy, _checkpoint_blocks, _StepWithLoss, prepare
+from benchmarks.strategies import Prepared, Strategy, checkpoint_every_block, prepare, step_with_loss
 
 log = logging.getLogger(__name__)
 
@@ -100,10 +100,10 @@ def incumbent(point: str, work: Workload, backend: str = "inductor") -> Prepared
     patches: dict[str, Any] = {}
     if point == PER_BLOCK:
         # Mutates `model` in place: checkpoint wrappers around its blocks (or HF's own).
-        notes += _checkpoint_blocks(Strategy("checkpoint_blocks"), work, model, Options()).notes
+        notes += checkpoint_every_block(work, model)
     elif point != DEFAULT:
         patches = {"activation_memory_budget": float(point)}
-    compiled = torch.compile(_StepWithLoss(model, work.loss_fn), backend=backend)
+    compiled = torch.compile(step_with_loss(model, work.loss_fn), backend=backend)
     return Prepared(lambda: compiled(*work.inputs, work.target), model, params,
                     # patched on every call, not just the first: a recompile must see the same budget
                     context=lambda: functorch_config.patch(**patches), eager=False, notes=notes)
@@ -114,7 +114,7 @@ def remat_step(work: Workload, budget_bytes: int, inner: str, time_limit: float)
     model = copy.deepcopy(work.model)
     params = list(model.parameters())
     started = time.perf_counter()
-    optimized = remat_pass.optimize(_StepWithLoss(model, work.loss_fn), budget=int(budget_bytes),
+    optimized = remat_pass.optimize(step_with_loss(model, work.loss_fn), budget=int(budget_bytes),
                                     budget_kind="peak", inner=inner, time_limit=time_limit,
                                     example_inputs=(*work.inputs, work.target))
     return Prepared(lambda: optimized(*work.inputs, work.target), model, params, eager=False,
@@ -125,7 +125,7 @@ def remat_step(work: Workload, budget_bytes: int, inner: str, time_limit: float)
 def measure(prepared: Prepared, work: Workload, settings: Settings,
             references: dict[str, list[torch.Tensor | None]]) -> tuple[Row, list[torch.Tensor | None]]:
     """The runner's measurements of one row, plus its gradients against each reference's."""
-    row, grads = runner._measure(prepared, work, settings.run_config, None)
+    row, grads = runner.measure_prepared(prepared, work, settings.run_config)
     for name, reference in references.items():
         diff = metrics.grad_difference(grads, reference)
         row[f"grad_vs_{name}_scaled"], row[f"grad_vs_{name}_max_abs"] = diff.scaled, diff.max_abs
@@ -155,7 +155,7 @@ def interleaved(steps: dict[str, Prepared], rounds: int, device: torch.device) -
 
 
 def _describe(error: BaseException) -> str:
-    return runner._describe(error)
+    return runner.describe_error(error)
 
 
 def run_point(point: str, work: Workload, settings: Settings, references: dict[str, list[torch.Tensor | None]],
@@ -164,7 +164,7 @@ def run_point(point: str, work: Workload, settings: Settings, references: dict[s
     base: Row = {"model": work.spec.label, "model_kind": work.spec.kind, "point": point}
     rows: list[Row] = []
     live: dict[str, Prepared] = {}
-    runner._cleanup()
+    runner.reset_between_rows()
     try:
         prepared = incumbent(point, work, settings.backend)
         row, grads = measure(prepared, work, settings, references)
@@ -255,7 +255,7 @@ def run_model(spec: ModelSpec, points: Sequence[str], settings: Settings,
             row["act_ratio"] = row["peak_act_bytes"] / eager["peak_act_bytes"] if row.get("status") == "ok" else None
             out.append(row)
             on_row(row)
-    runner._cleanup()
+    runner.reset_between_rows()
     return out
 
 
@@ -383,7 +383,7 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
         "command": "python -m benchmarks.vs_inductor " + " ".join(
             shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
         "torch": torch.__version__, "python": platform.python_version(), "device": settings.device,
-        "device_name": torch.cuda.get_device_name() if settings.device == "cuda" else cli._cpu_name(),
+        "device_name": torch.cuda.get_device_name() if settings.device == "cuda" else cli.cpu_name(),
         "dtype": settings.dtype, "threads": torch.get_num_threads(), "rounds": settings.rounds,
         "remat_time_limit": settings.remat_time_limit, "backend": settings.backend, "points": args.points,
         "models": [s.to_dict() for s in specs], "started": datetime.datetime.now().isoformat(timespec="seconds"),
