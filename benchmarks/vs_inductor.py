@@ -64,10 +64,14 @@ MiB = 2**20
 PRESETS: dict[str, dict[str, Any]] = {
     # Small enough that ~20 Inductor compiles a model finish on a shared 2-core CPU.
     "cpu": dict(device="cpu", dtype="fp32", threads=1, layers=2, hidden=64, heads=4, seq=64, batch=2, vocab=256,
-                rounds=5, remat_time_limit=10.0, time_limit=60.0),
-    # One H100/H200, bf16: the GPT and Llama sizes of `python -m benchmarks --preset gpu`, shallower.
+                rounds=5, remat_time_limit=10.0, time_limit=75.0,
+                points=[DEFAULT, *map(repr, POINTS), PER_BLOCK], models=list(MODELS)),
+    # One H100/H200, bf16, in the few minutes gpu_session.sh gives it: Inductor compiles (~30-60 s
+    # each with Triton) dominate, so three points on the Llama and the GPT; rows past the limit
+    # are recorded as skipped. More points or models: --points / --model.
     "gpu": dict(device="cuda", dtype="bf16", threads=None, layers=4, hidden=1024, heads=16, seq=1024, batch=4,
-                vocab=32000, rounds=5, remat_time_limit=20.0, time_limit=9.0),
+                vocab=32000, rounds=5, remat_time_limit=20.0, time_limit=4.0,
+                points=[DEFAULT, "0.3", PER_BLOCK], models=["gpt", "hf_llama"]),
 }
 
 
@@ -228,10 +232,10 @@ def _time(rows: list[Row], live: dict[str, Prepared], settings: Settings) -> Non
 def run_model(spec: ModelSpec, points: Sequence[str], settings: Settings,
               on_row: Callable[[Row], None] = lambda row: None) -> list[Row]:
     """Eager first (the reference gradients and FLOPs), then every point."""
-    work = build(spec, device=settings.device, dtype=runner.RunConfig(dtype=settings.dtype).torch_dtype)
     references: dict[str, list[torch.Tensor | None]] = {}
     base: Row = {"model": spec.label, "model_kind": spec.kind}
-    try:
+    try:  # a device without transformers fails the HF models here: a row, and the next model runs
+        work = build(spec, device=settings.device, dtype=runner.RunConfig(dtype=settings.dtype).torch_dtype)
         row, grads = measure(prepare(Strategy("none"), work), work, settings, {})
     except Exception as error:  # noqa: BLE001
         log.warning("%s eager failed", spec.label, exc_info=True)
@@ -347,8 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
     parser.add_argument("--model", action="append", choices=MODELS, help=f"repeatable (default: {', '.join(MODELS)})")
     parser.add_argument("--points", type=point_list,
-                        default=[DEFAULT, *map(repr, POINTS), PER_BLOCK],
-                        help="incumbent points: default, activation_memory_budget values, ckpt (default: %(default)s)")
+                        help="incumbent points: default, activation_memory_budget values, ckpt (default: the "
+                        f"preset's; cpu: {','.join(PRESETS['cpu']['points'])})")
     parser.add_argument("--inners", type=cli.name_list, default=list(INNERS), help="remat inner compilers")
     for name in ("layers", "hidden", "heads", "seq", "batch", "vocab", "rounds", "threads"):
         parser.add_argument(f"--{name}", type=int, help="override the preset's")
@@ -369,6 +373,8 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     preset = {**PRESETS[args.preset], **{k: v for k, v in vars(args).items() if v is not None and k in PRESETS["cpu"]}}
+    if args.model:
+        preset["models"] = args.model
     if preset["device"] == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch.cuda.is_available() is False")
     if preset["threads"]:
@@ -378,14 +384,14 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
                         remat_time_limit=preset["remat_time_limit"], backend=args.compile_backend,
                         inners=tuple(args.inners), budget_scale=args.budget_scale)
     specs = [ModelSpec(kind, **{k: preset[k] for k in ("layers", "hidden", "heads", "seq", "batch", "vocab")})
-             for kind in (args.model or MODELS)]
+             for kind in preset["models"]]
     meta = {
         "command": "python -m benchmarks.vs_inductor " + " ".join(
             shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])),
         "torch": torch.__version__, "python": platform.python_version(), "device": settings.device,
         "device_name": torch.cuda.get_device_name() if settings.device == "cuda" else cli.cpu_name(),
         "dtype": settings.dtype, "threads": torch.get_num_threads(), "rounds": settings.rounds,
-        "remat_time_limit": settings.remat_time_limit, "backend": settings.backend, "points": args.points,
+        "remat_time_limit": settings.remat_time_limit, "backend": settings.backend, "points": preset["points"],
         "models": [s.to_dict() for s in specs], "started": datetime.datetime.now().isoformat(timespec="seconds"),
         "activation_memory_budget_solver": _solver(),
     }
@@ -402,7 +408,7 @@ def main(argv: Sequence[str] | None = None) -> list[Row]:
         limit = preset["time_limit"]
         deadline = started + 60 * limit * (index + 1) / len(specs) if limit else None
         # Rows arrive a point at a time, timed (run_point times a point after measuring it).
-        run_model(spec, args.points, dataclasses.replace(settings, deadline=deadline), on_row)
+        run_model(spec, preset["points"], dataclasses.replace(settings, deadline=deadline), on_row)
     meta["elapsed_s"] = round(time.monotonic() - started, 1)
     write(rows, meta, args.out)
     print(markdown(rows, meta))
