@@ -287,9 +287,9 @@ def _cells(row: Row) -> list[str]:
         "eager": ""}[row["family"]]
     if status == "refused":
         detail = f"refused: smallest peak found {_mib(row.get('min_budget_bytes'))} MiB"
-        return [row["row"], budget, detail, "", "", "", "", "", "", ""]
+        return [row["row"], budget, detail, "", "", "", "", "", "", "", ""]
     if status != "ok":
-        return [row["row"], budget, f"{status}: {row.get('error', '')[:120]}", "", "", "", "", "", "", ""]
+        return [row["row"], budget, f"{status}: {row.get('error', '')[:120]}", "", "", "", "", "", "", "", ""]
     over = row.get("peak_over_budget")
     flops = f"{row['flops'] / 1e6:.1f}" + (f" ({100 * row['flop_overhead']:+.1f}%)"
                                            if isinstance(row.get("flop_overhead"), float) else "")
@@ -298,11 +298,11 @@ def _cells(row: Row) -> list[str]:
     if row.get("same_as"):
         won = f"as {row['same_as']}"
     return [row["row"], budget, f"{_mib(row['peak_act_bytes'])} ({_num(row.get('act_ratio'), '.2f')})",
-            _num(over, ".2f"), flops, _num(row.get("step_ms"), ".1f"), _num(ratio, ".2f"), won,
+            _mib(row.get("plan_predicted_peak_bytes")), _num(over, ".2f"), flops, _num(row.get("step_ms"), ".1f"), _num(ratio, ".2f"), won,
             _grad(row, "eager"), _grad(row, "inductor")]
 
 
-HEAD = ["row", "budget (remat: MiB)", "peak act MiB (× eager)", "peak / budget", "MFLOP (vs eager)", "step ms",
+HEAD = ["row", "budget (remat: MiB)", "peak act MiB (× eager)", "remat predicted MiB", "peak / budget", "MFLOP (vs eager)", "step ms",
         "time × incumbent (median)", "rounds won", "grad vs eager", "grad vs inductor default"]
 
 
@@ -365,12 +365,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--compile-backend", default="inductor",
                         help="the incumbents' backend (inductor; the smoke test uses aot_eager_decomp_partition)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out/vs_inductor"))
+    parser.add_argument("--report", type=Path, metavar="JSON",
+                        help="only rewrite the markdown next to this vs_inductor.json (no measuring)")
     parser.add_argument("-v", "--verbose", action="store_true")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> list[Row]:
     args = build_parser().parse_args(argv)
+    if args.report is not None:
+        saved = json.loads(args.report.read_text())
+        args.report.with_suffix(".md").write_text(markdown(saved["rows"], saved["meta"]))
+        return saved["rows"]
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     preset = {**PRESETS[args.preset], **{k: v for k, v in vars(args).items() if v is not None and k in PRESETS["cpu"]}}
     if args.model:

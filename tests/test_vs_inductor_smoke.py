@@ -66,6 +66,9 @@ def test_a_refusal_is_a_row_with_the_smallest_budget(tmp_path):
     assert refused["min_budget_bytes"] > refused["budget_bytes"]
     assert "Pass budget=" in refused["error"]
     assert "refused: smallest peak found" in (tmp_path / "vs_inductor.md").read_text()
+    (tmp_path / "vs_inductor.md").unlink()
+    assert vs.main(["--report", str(tmp_path / "vs_inductor.json")]) == rows  # the table again, from the JSON
+    assert "refused: smallest peak found" in (tmp_path / "vs_inductor.md").read_text()
 
 
 def test_points_parse_names_and_budgets():
