@@ -185,6 +185,11 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_name() -> str:
+    """The CPU's model name, for result metadata."""
+    return _cpu_name()
+
+
 def main(argv: Sequence[str] | None = None) -> list[Row]:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR, format="%(message)s")

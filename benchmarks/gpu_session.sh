@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # One device session, as run on the lent H200 (benchmarks/GPU.md has the results): the GPU
-# preset, the cost models, the kernel-scratch check and the offload check.
-#   bash benchmarks/gpu_session.sh OUT_DIR [PRESET_MINUTES]
+# preset, remat_pass against Inductor, the cost models, the kernel-scratch check and the offload check.
+#   bash benchmarks/gpu_session.sh OUT_DIR [PRESET_MINUTES] [VS_INDUCTOR_MINUTES]
 # The device machine has its own torch (2.11 was seen) but not PuLP or HiGHS: carry their wheels
 # in .whl/ (benchmarks/README.md says how). The repository is not pip-installed there, so
 # solvers/ is linked in where the installed package puts it (remat_pass.solvers).
 set -o pipefail
 out=${1:-benchmarks/out/gpu_session}
 minutes=${2:-5}
+vs_minutes=${3:-4}
 mkdir -p "$out"
 log="$out/run.log"
 if compgen -G ".whl/*.whl" >/dev/null; then
@@ -24,6 +25,9 @@ export PYTHONUNBUFFERED=1
 # The benchmark preset: rows not started after $minutes are recorded as skipped.
 # (No plots: the device returns at most 8 files.)
 timeout $((minutes * 60 + 60)) python3 -m benchmarks --preset gpu --time-limit "$minutes" --out "$out/gpu" --no-plots -v 2>&1 | tee -a "$log"
+# remat_pass (inner inductor and eager) at the measured peak of Inductor's default, budget 0.3 and
+# per-block checkpointing points (benchmarks/VS_INDUCTOR.md); points not started in time are skipped.
+timeout $((vs_minutes * 60 + 120)) python3 -m benchmarks.vs_inductor --preset gpu --time-limit "$vs_minutes" --out "$out/vs_inductor" 2>&1 | tee -a "$log"
 # Roofline, FLOP-priced and measured op costs: predicted against measured step-time overhead.
 timeout 150 python3 -m benchmarks.cost_models --device cuda --dtype bf16 --quick --out "$out/costs" 2>&1 | tee -a "$log"
 # Kernel scratch (cuDNN workspaces) measured per convolution: predicted against allocator peak.

@@ -298,3 +298,20 @@ def _add_ratios(rows: list[Row]) -> None:
         for ratio, key in pairs.items():
             row[ratio] = row[key] / base[key] if base.get(key) else None
         row["flop_overhead"] = row["flops_ratio"] - 1.0 if row["flops_ratio"] is not None else None
+
+
+def measure_prepared(prepared: Prepared, work: Workload, cfg: RunConfig) -> tuple[Row, list[torch.Tensor | None]]:
+    """One row's measurements and its gradients, without a reference (gradient differences are
+    then 0): for benchmarks that compare against several references and time rows themselves
+    (``vs_inductor``)."""
+    return _measure(prepared, work, cfg, None)
+
+
+def reset_between_rows() -> None:
+    """What runs between two rows: ``torch._dynamo.reset()``, garbage collection, CUDA cache."""
+    _cleanup()
+
+
+def describe_error(error: BaseException) -> str:
+    """A failed row's error: the outermost type and the root cause's first line."""
+    return _describe(error)

@@ -394,3 +394,15 @@ _BUILDERS: dict[str, Callable[[Strategy, Workload, nn.Module, Options], Prepared
     "compile_budget": _compile,
     "remat": _remat,
 }
+
+
+def step_with_loss(model: nn.Module, loss_fn: Callable[..., torch.Tensor]) -> nn.Module:
+    """``loss_fn(model(*inputs), target)`` as one module, called ``(*inputs, target)``: for
+    benchmarks that compile (or plan) the whole step, the loss's temporaries included."""
+    return _StepWithLoss(model, loss_fn)
+
+
+def checkpoint_every_block(work: Workload, model: nn.Module) -> list[str]:
+    """Per-block checkpointing (``checkpoint_blocks``) applied to ``model`` in place, Hugging
+    Face's own where the model has it; returns the strategy's notes."""
+    return _checkpoint_blocks(Strategy("checkpoint_blocks"), work, model, Options()).notes
