@@ -89,3 +89,16 @@ def set_hf_checkpointing(model: nn.Module, enabled: bool) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+# The oldest transformers whose OPT skips LayerDrop's random draw at layerdrop 0 and whose
+# Mixtral routes its experts without a data-dependent loop (5.22.2 fails both; tests/deps_matrix.py).
+TRANSFORMERS_ONE_GRAPH_MOE_AND_OPT = "5.23"
+
+
+def transformers_older_than(version: str) -> bool:
+    """Whether the installed transformers predates ``version`` (for features it added)."""
+    import transformers
+    from packaging.version import Version
+
+    return Version(transformers.__version__) < Version(version)

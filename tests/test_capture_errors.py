@@ -16,7 +16,13 @@ import remat_pass
 from remat_pass import CaptureError
 from remat_pass.capture.capture_errors import CaptureCause, _last_frame_in_text
 
-from .helpers import assert_same_step, eager_reference, run_step
+from .helpers import (
+    TRANSFORMERS_ONE_GRAPH_MOE_AND_OPT,
+    assert_same_step,
+    eager_reference,
+    run_step,
+    transformers_older_than,
+)
 
 
 def entry_decorator(forward):
@@ -269,6 +275,8 @@ def test_mixtral_with_router_logits_is_warmed_up_and_captured_whole():
     router logits, which failed capture ("setattr() on unsupported type" in torch/utils/hooks.py)."""
     from transformers import MixtralConfig, MixtralForCausalLM
 
+    if transformers_older_than(TRANSFORMERS_ONE_GRAPH_MOE_AND_OPT):
+        pytest.skip(f"Mixtral routes its experts data-dependently before transformers {TRANSFORMERS_ONE_GRAPH_MOE_AND_OPT}")
     torch.manual_seed(0)
     config = MixtralConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                            num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,

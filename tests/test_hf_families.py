@@ -23,7 +23,14 @@ from benchmarks.hf_families import FAMILIES, family_model
 from benchmarks.models import LossOf
 from benchmarks.vs_checkpoint import measured_step
 
-from .helpers import assert_same_step, eager_reference, optimize_and_step, set_hf_checkpointing
+from .helpers import (
+    TRANSFORMERS_ONE_GRAPH_MOE_AND_OPT,
+    assert_same_step,
+    eager_reference,
+    optimize_and_step,
+    set_hf_checkpointing,
+    transformers_older_than,
+)
 from .zoo_models import VOCAB, _LogitsOf, _lm_loss  # the zoo's wrapper and loss, shared
 
 pytest.importorskip("transformers")
@@ -41,6 +48,9 @@ def _case(name: str):
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_family_matches_eager_within_a_tight_budget(name):
+    if name == "opt" and transformers_older_than(TRANSFORMERS_ONE_GRAPH_MOE_AND_OPT):
+        pytest.skip("OPT draws LayerDrop's random number even at layerdrop 0 before transformers "
+                    f"{TRANSFORMERS_ONE_GRAPH_MOE_AND_OPT}: not one graph (the CaptureError says so)")
     model, inputs, loss_fn = _case(name)
     expected = eager_reference(model, inputs, loss_fn)
     optimized, actual, budget = optimize_and_step(model, inputs, loss_fn, TIGHT, fallback=TIGHT)

@@ -95,7 +95,8 @@ _RULES: tuple[_Rule, ...] = (
         re.compile(r"skip_the_layer|layer_?drop", re.IGNORECASE),
         "forward skips layers at random (LayerDrop: a branch on a random tensor), which is not one graph: set "
         "the model's layer-drop probability to 0 (Hugging Face: `model.config.layerdrop = 0.0`), or "
-        f"{_BACKEND_ADVICE}.",
+        f"{_BACKEND_ADVICE}. Hugging Face models before transformers 5.23 (OPT among them) draw the "
+        "random number even at layerdrop 0: there, upgrade transformers to 5.23 or newer.",
     ),
     _Rule(
         CaptureCause.DATA_DEPENDENT,
@@ -103,7 +104,8 @@ _RULES: tuple[_Rule, ...] = (
                    re.IGNORECASE),
         "forward depends on tensor values (a branch on a tensor, `.nonzero()`/`.item()` deciding a loop, as in "
         f"eager mixture-of-experts routing), so it is not one graph. {_BACKEND_ADVICE}; or make the code "
-        "branchless (torch.where), or pick a batched experts implementation where the model offers one.",
+        "branchless (torch.where), or pick a batched experts implementation where the model offers one "
+        "(Hugging Face's Mixtral routes its experts without a data-dependent loop from transformers 5.23).",
     ),
     _Rule(
         CaptureCause.LOGGING,
