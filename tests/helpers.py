@@ -102,3 +102,12 @@ def transformers_older_than(version: str) -> bool:
     from packaging.version import Version
 
     return Version(transformers.__version__) < Version(version)
+
+
+def fraction_bound(plan, fraction: float) -> float:
+    """The most a plan at a saved-bytes ``fraction`` may keep: the fraction of what it keeps beyond
+    its graph's own inputs, those on top (``remat_pass.planning.pipeline.resolve_budget``)."""
+    from remat_pass.planning.pipeline import kept_input_bytes
+
+    inputs = kept_input_bytes(plan.problem, plan)
+    return inputs + fraction * (plan.keep_all_bytes - inputs)

@@ -23,7 +23,7 @@ from remat_pass.annotate.baseline import as_given_plan
 from remat_pass import solvers
 from remat_pass import BudgetInfeasibleError
 
-from .helpers import assert_same_step, eager_reference, optimize_and_step, run_step
+from .helpers import assert_same_step, eager_reference, fraction_bound, optimize_and_step, run_step
 from .zoo_models import HF_MODELS, VOCAB, ZOO, assert_random_ops_run_once, make_zoo, record_rewrites
 
 slow = pytest.mark.slow
@@ -115,7 +115,7 @@ def test_registered_remat_backend_matches_eager(name, monkeypatch):
     actual = run_step(model, torch.compile(model, backend="remat"), inputs, loss_fn)
     assert_same_step(actual, expected)
     assert torch.equal(actual.loss, expected.loss)
-    _check_records(records, budget_bytes=lambda plan: remat_pass.DEFAULT_BUDGET * plan.keep_all_bytes)
+    _check_records(records, budget_bytes=lambda plan: fraction_bound(plan, remat_pass.DEFAULT_BUDGET))
     _assert_backend_accounting(actual, [record.plan for record in records], inputs)
 
 
@@ -190,7 +190,7 @@ def test_backend_with_inductor_inner(name, monkeypatch):
     with torch._inductor.config.patch(fallback_random=True):
         actual = run_step(model, torch.compile(model, backend=backend), inputs, loss_fn)
     assert_same_step(actual, expected, tol=1e-4)  # Inductor fuses and reorders float arithmetic
-    _check_records(records, budget_bytes=lambda plan: TIGHT * plan.keep_all_bytes)
+    _check_records(records, budget_bytes=lambda plan: fraction_bound(plan, TIGHT))
     _assert_backend_accounting(actual, backend.plans, inputs)
 
 
