@@ -38,12 +38,12 @@ from .plan_cache import PlanCache, as_plan_cache
 from .errors import InvalidBudgetError
 from .pipeline import (
     DEFAULT_BUDGET,
-    DEFAULT_TIME_LIMIT,
     BudgetKind,
     OnInfeasible,
     PlanOptions,
     describe_piece,
     plan_joint_graph,
+    planning_effort,
     resolve_budget_kind,
 )
 
@@ -68,6 +68,9 @@ class RematBackend:
     needs no split (the same fraction of each piece is that fraction of their sum); an absolute
     budget becomes ``budget // pieces`` bytes *saved for backward* per piece, whose sum is then
     at most the budget. Peaks do not add up across pieces, so a peak budget cannot be split.
+
+    ``time_limit`` and ``prove``: how long each graph's planning may take and whether it does the
+    proof work (``pipeline.planning_effort``: by default 5 s and none, as for ``optimize``).
     """
 
     def __init__(
@@ -77,7 +80,8 @@ class RematBackend:
         inner: str = "eager",
         solver: str = "ilp",
         device: str | DeviceProfile = "auto",
-        time_limit: float = DEFAULT_TIME_LIMIT,
+        time_limit: float | None = None,
+        prove: bool | None = None,
         budget_kind: str = BudgetKind.AUTO,
         on_plan: Callable[[Plan], None] | None = None,
         free_inputs: bool = False,
@@ -100,10 +104,11 @@ class RematBackend:
         except ValueError:
             raise ValueError(f"on_infeasible must be 'raise' or 'clamp', got {on_infeasible!r}") from None
         parsed, budget_kind = _per_piece(parsed, budget_kind, pieces)
+        time_limit, prove = planning_effort(time_limit, prove)
         self.options = PlanOptions(parsed, solver, device, time_limit, budget_kind, solver_options, free_inputs,
                                    on_infeasible=on_infeasible, offload=offload,
                                    host_budget_bytes=parse_host_budget(host_budget),
-                                   plan_cache=as_plan_cache(plan_cache), costs=parse_costs(costs))
+                                   plan_cache=as_plan_cache(plan_cache), costs=parse_costs(costs), prove=prove)
         self.pieces = pieces
         self.inner = inner
         self.plans: list[Plan] = []

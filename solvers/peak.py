@@ -134,6 +134,7 @@ def solve_peak(
     host_budget_bytes: int | None = None,
     exact_share: float = EXACT_SHARE,
     exact_backend: str = "auto",
+    prove: bool = True,
 ) -> Decision:
     """The least recompute time whose simulated activation peak is at most ``budget_bytes``.
 
@@ -157,6 +158,10 @@ def solve_peak(
     interrupted, so a deep model may run a little past it).
     When nothing fits, a fixed probe of the trade-off curve follows (``PROBE_TIME_LIMIT`` per
     cap), so that the smallest budget the error states is one a plan was found for.
+
+    ``prove=False`` skips the proof work: no exact rows, no any-schedule bound, and no time kept
+    for it. The searches, the local search and the fitting still run, so the plan is as good as
+    they find in the limit, and its gap is the valid rows' relaxation's (proven, usually looser).
     """
     began = time.perf_counter()
     ends = began + time_limit
@@ -166,7 +171,8 @@ def solve_peak(
         return _finish(keep_all, keep_all_memory, Status.OPTIMAL, 0.0)
     if cap_solver not in ("ilp", "fast", "ilp_offload"):
         raise ValueError(f"cap_solver must be 'ilp', 'fast' or 'ilp_offload', got {cap_solver!r}")
-    searches_end = ends - (FIT_SHARE + ANY_SCHEDULE_SHARE) * time_limit
+    bound_share = ANY_SCHEDULE_SHARE if prove else 0.0
+    searches_end = ends - (FIT_SHARE + bound_share) * time_limit
     search = _Search(problem, budget_bytes, resolve_backend(backend), searches_end, threads, cap_solver)
     search.exact_backend = exact_backend_for(exact_backend, search.backend)
     search.host_budget_bytes = host_budget_bytes
@@ -189,12 +195,12 @@ def solve_peak(
             search.candidates += [_Candidate(*found) for found in plans_from_cap(
                 problem, budget_bytes, search.overshooting_cap, rounds, search.deadline, backend=search.backend,
                 threads=threads)]
-    if search.relaxed_plan is not None:
+    if search.relaxed_plan is not None and prove:
         bound = search.exact_rounds(search.relaxed_plan, bound, min(search._left(), exact_share * time_limit))
     if cap_solver == "ilp" and not search.proven_by(bound):  # the simulator's own local search
         search.polish(min(search._left(), LOCAL_SHARE * time_limit))
     # A plan that gives up kept values stays inside the peak model: none beats a proven optimum.
-    search.fit_cheaper(search.candidates, ends - ANY_SCHEDULE_SHARE * time_limit,
+    search.fit_cheaper(search.candidates, ends - bound_share * time_limit,
                        repair_kept=not search.proven_by(bound))
     fitting = [c for c in search.candidates if c.memory.peak_bytes <= budget_bytes]
     if not fitting:
@@ -208,7 +214,7 @@ def solve_peak(
     best = min(fitting, key=_rank)
     bound = None if best.plan.refreshed else bound  # the rows hold each recomputed value across its reads
     gap = relative_gap(best.plan.predicted_extra_seconds, bound)
-    if (gap is None or gap > PROVEN_GAP) and cap_solver != "ilp_offload":  # it bounds recompute only
+    if prove and (gap is None or gap > PROVEN_GAP) and cap_solver != "ilp_offload":  # it bounds recompute only
         floor = any_schedule_bound_by(problem, budget_bytes, backend=search.exact_backend, deadline=ends,
                                       threads=threads)
         bound = max((b for b in (bound, floor) if b is not None), default=None)
