@@ -188,7 +188,8 @@ def solve_peak(
         search.with_mirrored_rows(time_limit)
     search.over_saved_cap(keep_all_memory, until=began + CAP_SHARE * time_limit if cap_solver == "ilp" else None)
     if cap_solver == "ilp":
-        bound = search.with_step_rows(CUT_ROUNDS)
+        # Without the exact rows this relaxation's bound is the answer's only proof: it gets more.
+        bound = search.with_step_rows(CUT_ROUNDS, share=1 / 3 if prove else 1 / 2)
         if search._left() > 0.1:  # the cap search resumed with what is left (tried caps are remembered)
             search.over_saved_cap(keep_all_memory)
         if search.overshooting_cap is not None and search._left() > 0.1:
@@ -336,18 +337,19 @@ class _Search:
                 cap = (fits_at + over_at) // 2
         self.overshooting_cap = over_at if fits_at is not None and over_at is not None else None
 
-    def with_step_rows(self, rounds: int) -> float | None:
+    def with_step_rows(self, rounds: int, share: float = 1 / 3) -> float | None:
         """Plans from the ILP with a valid peak row per backward interval (``peak_rows``).
 
         First the relaxation (storages rounded down, exact seconds as the objective): its bound
         is a proven lower bound on the recompute seconds of any plan that fits, returned. Then
         the same rows rounded up, tightened after each round by what the simulated plan still
-        overshoots. Every plan becomes a candidate. None when no bound was proven.
+        overshoots. Every plan becomes a candidate. None when no bound was proven. The relaxation
+        gets ``share`` of the time left.
         """
         problem, rounding = self.problem, rounding_for(self.problem)
         seconds, unit = time_weights(problem)
         relaxed = rounding.optimistic()
-        outcome = solve_once(problem, None, rounding=relaxed, weights=seconds, time_limit=max(self._left() / 3, 0.1),
+        outcome = solve_once(problem, None, rounding=relaxed, weights=seconds, time_limit=max(self._left() * share, 0.1),
                              backend=self.backend, threads=self.threads,
                              extension=PeakRows(problem, self.budget, relaxed), isolate=True)
         if outcome.status == "infeasible":
