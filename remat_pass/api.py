@@ -60,7 +60,7 @@ class _Settings:
     solver_options: Mapping[str, Any] = field(default_factory=dict)
     fullgraph: bool = True  # False: graph breaks allowed, each piece planned on its own
     dynamic: bool = False  # True: one plan, made at the first call's sizes, for every size
-    plan_cache: Any = None  # plan_cache.PlanCache, a directory or None
+    plan_cache: Any = True  # plan_cache.PlanCache, a directory, True (the default one), False or None (none)
     costs: str = CostModel.ROOFLINE  # how recompute is priced: roofline, flops or measure
     prove: bool | None = None  # the proof work (pipeline.planning_effort); None: only with a time_limit
 
@@ -91,7 +91,7 @@ class RematModule(nn.Module):
         host_budget: object = None,
         fullgraph: bool = True,
         dynamic: bool = False,
-        plan_cache: Any = None,
+        plan_cache: Any = True,
         costs: str = CostModel.ROOFLINE,
         prove: bool | None = None,
         **solver_options: Any,
@@ -285,7 +285,7 @@ def optimize(
     host_budget: object = None,
     fullgraph: bool = True,
     dynamic: bool = False,
-    plan_cache: Any = None,
+    plan_cache: Any = True,
     costs: str = CostModel.ROOFLINE,
     **solver_options: Any,
 ) -> RematModule:
@@ -329,8 +329,10 @@ def optimize(
     ``fullgraph=False`` accepts graph breaks: each piece is planned on its own (a fraction applies
     to each piece; an absolute budget bounds each piece separately); ``.pieces`` lists their plans.
     ``dynamic=True`` makes one plan, at the first call's shapes, that serves every input size
-    (the budget is checked at that shape; plan ahead with the largest one). ``plan_cache`` (a
-    directory or ``plan_cache.PlanCache``) stores plans on disk, so a restarted job skips the solve.
+    (the budget is checked at that shape; plan ahead with the largest one). ``plan_cache`` stores plans on
+    disk, keyed by the graph as planned and every planning input, so a new ``RematModule``, a
+    recompile or a restarted job planning the same graph skips the solve: by default in
+    ``~/.cache/remat_pass/plans``; a directory or ``plan_cache.PlanCache`` to choose, ``False`` for none.
 
     >>> import remat_pass
     >>> from remat_pass.examples import gpt_example, lm_loss

@@ -14,7 +14,9 @@ variables"), at each compile:
   size (``2GiB``, ``500MB``, ``1000000`` bytes); default ``DEFAULT_BUDGET``;
 * ``REMAT_PASS_BUDGET_KIND``: ``auto`` (default), ``saved`` or ``peak``;
 * ``REMAT_PASS_ON_INFEASIBLE``: ``clamp`` (default: a graph that cannot meet the budget is
-  planned at its own minimum, with a warning) or ``raise``.
+  planned at its own minimum, with a warning) or ``raise``;
+* ``REMAT_PASS_PLAN_CACHE``: a directory for the plan cache, or ``off``; default
+  ``~/.cache/remat_pass/plans`` (``plan_cache.DEFAULT_DIRECTORY``).
 """
 
 from __future__ import annotations
@@ -50,13 +52,16 @@ from .pipeline import (
 logger = logging.getLogger(__name__)
 
 ENV_BUDGET, ENV_BUDGET_KIND, ENV_ON_INFEASIBLE = "REMAT_PASS_BUDGET", "REMAT_PASS_BUDGET_KIND", "REMAT_PASS_ON_INFEASIBLE"
+ENV_PLAN_CACHE = "REMAT_PASS_PLAN_CACHE"
+_OFF = ("off", "0", "false", "no", "none")
 
 class RematBackend:
     """A dynamo backend object; it remembers the plan of every subgraph it compiled.
 
     ``plans`` lists them in compile order. ``on_plan`` (used by ``optimize``) is called with
-    each new plan as soon as it exists. ``plan_cache`` (a ``PlanCache`` or a directory) stores
-    solved plans on disk and reuses them when the same graph is planned with the same inputs.
+    each new plan as soon as it exists. ``plan_cache`` stores solved plans on disk and reuses them
+    when the same graph is planned with the same inputs: by default in ``~/.cache/remat_pass/plans``
+    (``plan_cache.DEFAULT_DIRECTORY``); a ``PlanCache`` or a directory to choose, ``False`` for none.
 
     ``on_infeasible``: when one graph (a piece of a step dynamo split at graph breaks, DDP's
     gradient buckets or FSDP2's hooks) cannot meet the budget, "raise" (default) fails the
@@ -89,7 +94,7 @@ class RematBackend:
         host_budget: object = None,
         on_infeasible: str = OnInfeasible.RAISE,
         pieces: int = 1,
-        plan_cache: PlanCache | str | os.PathLike[str] | None = None,
+        plan_cache: PlanCache | str | os.PathLike[str] | bool | None = True,
         costs: str = CostModel.ROOFLINE,
         **solver_options: Any,
     ) -> None:
@@ -176,7 +181,7 @@ def backend(budget: object = DEFAULT_BUDGET, *, inner: str = "eager", **options:
 
 def remat_backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
     """The registered "remat" backend: eager inner compiler, settings from the environment
-    (``REMAT_PASS_BUDGET``, ``REMAT_PASS_BUDGET_KIND``, ``REMAT_PASS_ON_INFEASIBLE``; see the
+    (``REMAT_PASS_BUDGET``, ``REMAT_PASS_BUDGET_KIND``, ``REMAT_PASS_ON_INFEASIBLE``, ``REMAT_PASS_PLAN_CACHE``; see the
     module docstring), by default ``DEFAULT_BUDGET`` clamped where a graph cannot meet it."""
     return RematBackend(**settings_from_environment())(gm, example_inputs)
 
@@ -197,4 +202,6 @@ def settings_from_environment(environ: dict[str, str] | None = None) -> dict[str
     for name, value, allowed in ((ENV_BUDGET_KIND, kind, BudgetKind), (ENV_ON_INFEASIBLE, on_infeasible, OnInfeasible)):
         if value not in {member.value for member in allowed}:
             raise ValueError(f"{name}={value!r}: must be one of {', '.join(member.value for member in allowed)}")
-    return {"budget": budget, "budget_kind": kind, "on_infeasible": on_infeasible}
+    cache = env.get(ENV_PLAN_CACHE, "").strip()
+    plan_cache: object = True if not cache else False if cache.lower() in _OFF else cache
+    return {"budget": budget, "budget_kind": kind, "on_infeasible": on_infeasible, "plan_cache": plan_cache}

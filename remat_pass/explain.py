@@ -24,6 +24,7 @@ from torch import nn
 from .budget import parse_budget
 from .costs import CostModel, DeviceProfile, parse_costs
 from .pipeline import BudgetKind, LossFn, PlanOptions, TracedStep, plan_problem, planning_effort, trace_step
+from .plan_cache import as_plan_cache
 from .report import PlanReport
 
 Explanation = PlanReport
@@ -44,14 +45,16 @@ def explain_traced(
 
     The budget means what it means for ``optimize`` (``budget_kind``: a fraction bounds saved
     bytes, an absolute size the step's peak, unless told otherwise). ``time_limit`` and ``prove``
-    (in ``solver_options``) as for ``optimize``: by default 5 s and no proof work.
+    (in ``solver_options``) as for ``optimize``: by default 5 s and no proof work; ``plan_cache``
+    too (by default ``~/.cache/remat_pass/plans``; ``False`` for none).
     """
     parsed = parse_budget(budget)
     if depth is not None and depth < 1:
         raise ValueError(f"depth must be a positive number of path parts or None, got {depth}")
     time_limit, prove = planning_effort(solver_options.pop("time_limit", None), solver_options.pop("prove", None))
+    cache = as_plan_cache(solver_options.pop("plan_cache", True))
     options = PlanOptions(parsed, solver, traced.problem.device, time_limit, budget_kind, solver_options,
-                          offload=offload, prove=prove)
+                          offload=offload, prove=prove, plan_cache=cache)
     plan = plan_problem(traced.problem, options).plan
     return PlanReport(plan, traced.step_flops, traced.forward_seconds, traced.pieces, budget=parsed, depth=depth)
 
