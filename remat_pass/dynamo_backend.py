@@ -37,6 +37,7 @@ from .capture import INNER_COMPILERS, JointGraph, make_dynamo_backend
 from .costs import CostModel, DeviceProfile, parse_costs
 from .offload import check_offload_options, parse_host_budget
 from .plan_cache import PlanCache, as_plan_cache
+from .progress import phase
 from .errors import InvalidBudgetError
 from .pipeline import (
     DEFAULT_BUDGET,
@@ -136,7 +137,9 @@ class RematBackend:
         return planned.forward, planned.backward
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
-        return self._compile(gm, example_inputs)
+        with phase(f"capturing and planning graph {len(self.plans) + 1}",
+                   f"captured and planned graph {len(self.plans) + 1}"):
+            return self._compile(gm, example_inputs)
 
     def __repr__(self) -> str:
         per_piece = f", pieces={self.pieces}" if self.pieces > 1 else ""

@@ -219,15 +219,17 @@ def plan_problem(problem: Problem, options: PlanOptions) -> Planned:
 
     Raises BudgetInfeasibleError (in the user's terms: a peak error names the smallest budget
     that works with the headroom) unless ``options.on_infeasible`` is "clamp". A solve that runs
-    longer than a few seconds is reported at INFO while it runs (``progress.solving``).
+    longer than a few seconds is reported while it runs, and its status and proven gap when it ends
+    (``progress.solving``: the log at INFO, and a status line when stderr is a terminal).
     """
     cache = options.plan_cache
     if cache is not None and (found := cache.get(problem, options)) is not None:
         plan, budget = found
         return Planned(plan, resolve_budget(problem, Budget(budget["fraction"], budget["nbytes"]), budget["kind"]))
     what = f"a {options.solver} plan for {len(problem.values)} values under budget {options.budget}"
-    with solving(what, options.time_limit):
+    with solving(what, options.time_limit) as outcome:
         planned = _plan_or_clamp(problem, options)
+        outcome.text = describe_status(planned.plan)
     if cache is not None:
         requested = planned.budget.requested
         cache.put(problem, options, planned.plan,
