@@ -67,7 +67,7 @@ from .mirrored import MirroredRows, mirrored_pairs, shadowed_steps
 from .overshoot import fit_cheaper
 from .peak_rows import PeakRows, cuts_at
 from .saved_cap_rows import plans_from_cap
-from .schedule_bound import any_schedule_bound_by
+from .schedule_bound import any_schedule_bound_by, saved_bytes_floor
 from .problem import Plan, Problem
 from .registry import Decision, planner
 from .status import DEFAULT_TIME_LIMIT, BudgetKind, Status, relative_gap
@@ -103,8 +103,8 @@ EXACT_ROUND_MIN = 0.5  # no round starts with less time than this left
 EXACT_PROGRESS = 0.01
 EXACT_PATIENCE = 3
 # prove=False: step rows (tied, relaxed) only up to this many backward steps per second of the limit, as
-# their builds are not interrupted (48-layer scaling GPT, 4054 steps: 6-8 s tied, 20-30 s relaxed here).
-FAST_ROWS_STEPS_PER_SECOND = 300
+# their builds are not interrupted (48-layer scaling GPT, 4054 steps: 6-8 s tied, 20-30 s relaxed here);
+FAST_ROWS_STEPS_PER_SECOND, SAVED_FLOOR_SHARE = 300, 0.1  # the last tenth for ``saved_bytes_floor``
 # A plan this close (relative) to the proven lower bound is called optimal.
 PROVEN_GAP = 1e-6
 
@@ -161,8 +161,8 @@ def solve_peak(
     interrupted, so a deep model may run a little past it).
     When nothing fits, a fixed probe of the trade-off curve follows (``PROBE_TIME_LIMIT`` per
     cap), so that the smallest budget the error states is one a plan was found for.
-    ``prove=False`` skips the proof work (exact rows, any-schedule bound) and keeps no time for it;
-    the gap is then the relaxation's (none above ``FAST_ROWS_STEPS_PER_SECOND``).
+    ``prove=False`` skips the proof work (exact rows, any-schedule bound); the gap is then the
+    relaxation's (not built above ``FAST_ROWS_STEPS_PER_SECOND``) or the saved-bytes one, the higher.
     """
     began = time.perf_counter()
     ends = began + time_limit
@@ -172,7 +172,7 @@ def solve_peak(
         return _finish(keep_all, keep_all_memory, Status.OPTIMAL, 0.0)
     if cap_solver not in ("ilp", "fast", "ilp_offload"):
         raise ValueError(f"cap_solver must be 'ilp', 'fast' or 'ilp_offload', got {cap_solver!r}")
-    bound_share = ANY_SCHEDULE_SHARE if prove else 0.0
+    bound_share = ANY_SCHEDULE_SHARE if prove else SAVED_FLOOR_SHARE
     searches_end = ends - (FIT_SHARE + bound_share) * time_limit
     search = _Search(problem, budget_bytes, resolve_backend(backend), searches_end, threads, cap_solver)
     search.exact_backend = exact_backend_for(exact_backend, search.backend) if prove else search.backend  # import: 1-3 s
@@ -217,9 +217,9 @@ def solve_peak(
     best = min(fitting, key=_rank)
     bound = None if best.plan.refreshed else bound  # the rows hold each recomputed value across its reads
     gap = relative_gap(best.plan.predicted_extra_seconds, bound)
-    if prove and (gap is None or gap > PROVEN_GAP) and cap_solver != "ilp_offload":  # it bounds recompute only
+    if (gap is None or gap > PROVEN_GAP) and cap_solver != "ilp_offload":  # they bound recompute only
         floor = any_schedule_bound_by(problem, budget_bytes, backend=search.exact_backend, deadline=ends,
-                                      threads=threads)
+                                      threads=threads) if prove else saved_bytes_floor(problem, budget_bytes, ends)
         bound = max((b for b in (bound, floor) if b is not None), default=None)
         gap = relative_gap(best.plan.predicted_extra_seconds, bound)
     if gap is not None and gap <= PROVEN_GAP:
