@@ -242,7 +242,9 @@ def _run_explain(args: argparse.Namespace) -> int:
     if args.prove:
         options["prove"] = True
     if args.plan_cache is not None:
-        options["plan_cache"] = False if args.plan_cache.lower() in ("off", "none") else args.plan_cache
+        from remat_pass.plan_cache import from_text
+
+        options["plan_cache"] = from_text(args.plan_cache)
     try:
         with _stdout_to_stderr():
             traced = trace_step(model, inputs, loss_fn=loss_fn, device=args.device, costs=args.costs)

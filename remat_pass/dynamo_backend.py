@@ -37,6 +37,7 @@ from .capture import INNER_COMPILERS, JointGraph, make_dynamo_backend
 from .costs import CostModel, DeviceProfile, parse_costs
 from .offload import check_offload_options, parse_host_budget
 from .plan_cache import PlanCache, as_plan_cache
+from .plan_cache import from_text as plan_cache_from_text
 from .progress import phase
 from .errors import InvalidBudgetError
 from .pipeline import (
@@ -54,7 +55,6 @@ logger = logging.getLogger(__name__)
 
 ENV_BUDGET, ENV_BUDGET_KIND, ENV_ON_INFEASIBLE = "REMAT_PASS_BUDGET", "REMAT_PASS_BUDGET_KIND", "REMAT_PASS_ON_INFEASIBLE"
 ENV_PLAN_CACHE = "REMAT_PASS_PLAN_CACHE"
-_OFF = ("off", "0", "false", "no", "none")
 
 class RematBackend:
     """A dynamo backend object; it remembers the plan of every subgraph it compiled.
@@ -205,6 +205,5 @@ def settings_from_environment(environ: dict[str, str] | None = None) -> dict[str
     for name, value, allowed in ((ENV_BUDGET_KIND, kind, BudgetKind), (ENV_ON_INFEASIBLE, on_infeasible, OnInfeasible)):
         if value not in {member.value for member in allowed}:
             raise ValueError(f"{name}={value!r}: must be one of {', '.join(member.value for member in allowed)}")
-    cache = env.get(ENV_PLAN_CACHE, "").strip()
-    plan_cache: object = True if not cache else False if cache.lower() in _OFF else cache
+    plan_cache = plan_cache_from_text(env.get(ENV_PLAN_CACHE, ""))
     return {"budget": budget, "budget_kind": kind, "on_infeasible": on_infeasible, "plan_cache": plan_cache}

@@ -265,6 +265,16 @@ def _checked_and_repriced(plan: Plan, solved_seconds: list[float], bounded: bool
 
 _DEFAULT_CACHES: dict[Path, PlanCache] = {}
 
+OFF_WORDS = ("off", "0", "false", "no", "none")
+"""What turns the cache off where it is named by a string (``--plan-cache``, ``REMAT_PASS_PLAN_CACHE``)."""
+
+
+def from_text(text: str) -> str | bool:
+    """A plan cache named by a string: "" the default (True), one of ``OFF_WORDS`` none (False),
+    anything else a directory."""
+    text = text.strip()
+    return True if not text else False if text.lower() in OFF_WORDS else text
+
 
 def as_plan_cache(value: PlanCache | str | os.PathLike[str] | bool | None) -> PlanCache | None:
     """A ``PlanCache`` from a cache or a directory; ``True`` is the one in ``DEFAULT_DIRECTORY``
@@ -282,5 +292,5 @@ def as_plan_cache(value: PlanCache | str | os.PathLike[str] | bool | None) -> Pl
     raise TypeError(f"plan_cache must be a PlanCache, a directory path, True, False or None, got {type(value).__name__}")
 
 
-__all__ = ["DEFAULT_DIRECTORY", "PlanCache", "as_plan_cache", "cache_key", "code_digest", "default_directory",
+__all__ = ["DEFAULT_DIRECTORY", "OFF_WORDS", "PlanCache", "from_text", "as_plan_cache", "cache_key", "code_digest", "default_directory",
            "problem_digest"]
