@@ -189,3 +189,13 @@ def test_planning_effort_rejects_what_is_not_a_limit() -> None:
         planning_effort(0, None)
     with pytest.raises(TypeError, match="prove"):
         planning_effort(None, "yes")
+
+
+def test_the_status_line_claims_no_more_than_was_proven(real_plan: remat_pass.Plan) -> None:
+    import dataclasses
+
+    from remat_pass.pipeline import describe_status
+
+    said = [describe_status(dataclasses.replace(real_plan, status=status, gap=gap))
+            for status, gap in (("optimal", 0.0), ("feasible", 0.175), ("feasible", None), ("time_limit", 0.3))]
+    assert said == ["optimal", "feasible, proven gap 17.5%", "feasible, gap unknown", "time_limit, proven gap 30.0%"]
