@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for name, options in variants:
         model = copy.deepcopy(reference_model)
-        optimized = remat_pass.optimize(model, budget=budget, device=args.device_profile, **options)
+        optimized = remat_pass.optimize(model, budget=budget, device=args.device_profile, plan_cache=None, **options)
         with _pinned_pool() if options else contextlib.nullcontext():
             result = _measure(model, optimized, inputs, args.steps)
             link = _link_bytes(lambda step=optimized: step(*inputs).backward()) if options else {}

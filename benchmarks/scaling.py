@@ -5,6 +5,8 @@ Run from the repository root::
     python -m benchmarks.scaling --layers 12,24,48,96 --budgets 0.1,0.3,0.5 --ilp-time-limit 600
     python -m benchmarks.scaling --llama70b
     python -m benchmarks.scaling --peak --layers 12,24,48
+    python -m benchmarks.scaling --peak --layers 12,24,48 --peak-time-limit 0
+    python -m benchmarks.scaling --first-call
     python -m benchmarks.scaling --help
 
 Depth sweep: GPT-style decoders (``remat_pass.examples.GPT``: hidden 768, 12 heads, sequence 1024,
@@ -40,6 +42,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from remat_pass import solvers
+from remat_pass.planning.pipeline import planning_effort
 from remat_pass.tools.tradeoff import hull_points
 from remat_pass.solvers.problem import Plan, Problem, format_bytes
 
@@ -137,10 +140,12 @@ def run_peak(args: argparse.Namespace) -> list[dict[str, Any]]:
         per_block = solvers.solve(problem, None, solver="per_block")
         budget = solvers.simulate_plan(problem, per_block).peak_bytes
         began = time.perf_counter()
-        plan = solvers.solve(problem, budget, solver="ilp_peak", time_limit=args.peak_time_limit)
+        # --peak-time-limit 0: what optimize(...) runs by default (pipeline.planning_effort)
+        limit, prove = planning_effort(args.peak_time_limit or None, None)
+        plan = solvers.solve(problem, budget, solver="ilp_peak", time_limit=limit, prove=prove)
         row = {"layers": layers, "values": len(problem.values), "backward_steps": len(problem.backward_steps),
                "budget_bytes": budget, "capture_s": capture_s, "annotate_s": annotate_s,
-               "plan_s": time.perf_counter() - began, "time_limit": args.peak_time_limit, "status": plan.status,
+               "plan_s": time.perf_counter() - began, "time_limit": limit, "prove": prove, "status": plan.status,
                "gap": plan.gap, "source": plan.solver, "predicted_peak_bytes": plan.predicted_peak_bytes,
                "refreshed": len(plan.refreshed), "recompute_over_per_block": _ratio(plan.recompute_seconds,
                                                                                    per_block.recompute_seconds),
@@ -148,6 +153,47 @@ def run_peak(args: argparse.Namespace) -> list[dict[str, Any]]:
         rows.append(row)
         print(f"L={layers}: {row['recompute_over_per_block']:.3f} x per_block ({plan.status}, gap {plan.gap}) "
               f"in {row['plan_s']:.1f}s, peak {plan.predicted_peak_bytes} <= {budget}", flush=True)
+    return rows
+
+
+def run_first_call(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The first call of ``optimize`` on a 12-layer Hugging Face GPT-2 (h768, s512, batch 1, eager
+    attention, no dropout, loss inside the step) under a peak budget, Hugging Face checkpointing's
+    measured peak, as ``benchmarks.vs_checkpoint`` sets it: end to end (capture, annotate, plan,
+    rewrite and the step ``example_inputs`` runs), by default and with each ``--first-call-limits``,
+    then by default again from the plan cache the first run wrote (a fresh ``PlanCache`` object)."""
+    import tempfile
+
+    import remat_pass
+    from remat_pass.runtime.plan_cache import PlanCache
+
+    from .models import LossOf, hf_model
+    from .vs_checkpoint import measured_step
+
+    torch.manual_seed(0)
+    vocab, seq, layers, hidden = 1024, 512, 12, 768
+    tokens = torch.randint(0, vocab, (1, seq))
+    model = LossOf(hf_model("gpt2", layers, hidden, seq, vocab), torch.randint(0, vocab, (1, seq))).train()
+    model.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    budget = measured_step(model, model, tokens)["peak_bytes"]
+    model.model.activation_checkpointing_disable()
+    rows = []
+    directory = tempfile.mkdtemp(prefix="remat_plans_")  # a cache of its own: the first call is a miss
+    for limit, cached in ((None, False), *((limit, False) for limit in args.first_call_limits), (None, True)):
+        torch._dynamo.reset()
+        cache = PlanCache(directory)  # fresh in memory: as a second process would read it
+        began = time.perf_counter()
+        plan = remat_pass.optimize(model, budget, budget_kind="peak", example_inputs=(tokens,), plan_cache=cache,
+                                   **({} if limit is None else {"time_limit": limit})).plan
+        rows.append({"time_limit": limit, "cache_hits": cache.hits, "first_call_s": time.perf_counter() - began,
+                     "plan_s": plan.solve_seconds,
+                     "status": plan.status, "gap": plan.gap, "recompute_seconds": plan.recompute_seconds,
+                     "recompute_flops": plan.recompute_flops, "budget_bytes": budget,
+                     "predicted_peak_bytes": plan.predicted_peak_bytes, "solver": plan.solver})
+        print(f"time_limit={limit}{' (cached)' if cached else ''}: first call {rows[-1]['first_call_s']:.1f}s (plan {plan.solve_seconds:.1f}s), "
+              f"recompute {plan.recompute_seconds:.6g}s, {plan.status}, gap {plan.gap}", flush=True)
+    for row in rows:
+        row["recompute_over_default"] = _ratio(row["recompute_seconds"], rows[0]["recompute_seconds"])
     return rows
 
 
@@ -249,7 +295,8 @@ def run_llama70b(args: argparse.Namespace) -> dict[str, Any]:
     model = llama_model(args.llama_layers, args)
     ids = torch.zeros(1, args.llama_seq, dtype=torch.long, device="meta")
     built = time.perf_counter()
-    made = plan_with_report(HFStep(model), (ids,), budget=args.llama_budget, device=args.device, solver="fast")
+    made = plan_with_report(HFStep(model), (ids,), budget=args.llama_budget, device=args.device, solver="fast",
+                            plan_cache=False)  # measure the planning, not a cached plan
     planned = time.perf_counter()
     plan, problem = made.plan, made.plan.problem
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -369,7 +416,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--llama-budget", type=float, default=0.2, help="fraction of keep-all (default 0.2: a 5x cut)")
     p.add_argument("--peak", action="store_true",
                    help="the peak planner at per-block checkpointing's simulated peak, per depth, instead of the sweep")
-    p.add_argument("--peak-time-limit", type=float, default=60.0)
+    p.add_argument("--peak-time-limit", type=float, default=60.0,
+                   help="0: optimize's default (5 s, no proof work: pipeline.planning_effort)")
+    p.add_argument("--first-call", action="store_true",
+                   help="the first call of optimize on a 12-layer HF GPT-2 under a peak budget, end to end")
+    p.add_argument("--first-call-limits", type=_floats, default=[60.0],
+                   help="explicit time limits to compare with the default (default 60)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return p
 
@@ -385,6 +437,10 @@ def main(argv: list[str] | None = None) -> None:
         (args.out / "llama70b.json").write_text(json.dumps({**meta, **result}, indent=2))
         (args.out / "llama70b.md").write_text(llama_markdown(result, command))
         print(f"wrote {args.out / 'llama70b.md'}")
+        return
+    if args.first_call:
+        rows = run_first_call(args)
+        (args.out / "first_call.json").write_text(json.dumps({**meta, "rows": rows}, indent=2))
         return
     if args.peak:
         rows = run_peak(args)

@@ -78,7 +78,7 @@ def check(device: torch.device, dtype: torch.dtype, fraction: float, emit: Calla
 
     def run(budget: object, **options: Any) -> tuple[remat_pass.Plan, dict[str, Any]]:
         torch._dynamo.reset()
-        optimized = remat_pass.optimize(model, budget=budget, example_inputs=inputs, **options)
+        optimized = remat_pass.optimize(model, budget=budget, example_inputs=inputs, plan_cache=None, **options)
         step = lambda: F.cross_entropy(optimized(*inputs).float(), work.target).backward()  # noqa: E731
         return optimized.plan, _measured(step, params, device)
 

@@ -360,6 +360,7 @@ def _remat(strategy: Strategy, work: Workload, model: nn.Module, options: Option
         kwargs["device"] = costs
     if options.remat_time_limit is not None:
         kwargs["time_limit"] = options.remat_time_limit
+    kwargs["plan_cache"] = None  # time the planning: no plan from an earlier run's cache (None: off in every version)
     # The loss is compiled with the model: the budget then covers the whole step, as the README
     # asks of users, and its logits are freed inside the step (outside it, remat_pass must count
     # them live to the end). On the H200 a 50k-vocabulary loss outside the plan put the measured

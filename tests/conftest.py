@@ -26,6 +26,26 @@ def _fresh_dynamo():
     torch._dynamo.reset()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _plan_cache_in_a_temporary_directory(tmp_path_factory):
+    """The plan cache is on by default (in ``~/.cache/remat_pass/plans``): the tests never write
+    there. Session fixtures plan into one temporary directory, each test into its own (below)."""
+    from remat_pass import plan_cache
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(plan_cache, "DEFAULT_DIRECTORY", tmp_path_factory.mktemp("plan_cache"))
+        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg_cache")))  # subprocesses too
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _fresh_plan_cache(tmp_path_factory, monkeypatch):
+    """No plan solved by one test is served to another from the default cache."""
+    from remat_pass import plan_cache
+
+    monkeypatch.setattr(plan_cache, "DEFAULT_DIRECTORY", tmp_path_factory.mktemp("plan_cache"))
+
+
 @pytest.fixture(scope="session")
 def gpt_step() -> Problem:
     """A traced two-layer GPT step with dropout, its loss included: tuples (layer norm), views,

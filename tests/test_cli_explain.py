@@ -130,3 +130,25 @@ def test_solver_help_lists_the_registry(capsys):
     out = " ".join(capsys.readouterr().out.split())
     for name, info in solvers.SOLVER_INFO.items():
         assert f"{name}: {' '.join(info.description.split())}" in out
+
+
+def test_prove_and_plan_cache_reach_the_planner(capsys, monkeypatch, tmp_path):
+    """``--prove`` asks for the proof work (60 s), ``--time-limit`` alone too, neither for none;
+    ``--plan-cache DIR`` stores the plan there, ``--plan-cache off`` stores nothing."""
+    import remat_pass.tools.explain as explain_module
+
+    monkeypatch.chdir(ROOT)
+    seen = []
+    explain_traced = explain_module.explain_traced
+
+    def recording(*args, **options):
+        seen.append({k: options.get(k) for k in ("time_limit", "prove", "plan_cache")})
+        return explain_traced(*args, **options)
+
+    monkeypatch.setattr(explain_module, "explain_traced", recording)
+    target = f"{FACTORY}:factory_with_loss"
+    assert main(["explain", target, "--budget", "0.3", "--prove", "--plan-cache", str(tmp_path)]) == 0
+    assert main(["explain", target, "--budget", "0.3", "--time-limit", "7", "--plan-cache", "off"]) == 0
+    assert seen == [{"time_limit": None, "prove": True, "plan_cache": str(tmp_path)},
+                    {"time_limit": 7.0, "prove": None, "plan_cache": False}]
+    assert len(list(tmp_path.glob("*.json"))) == 1

@@ -573,8 +573,16 @@ def test_registered_backend_reads_its_budget_from_the_environment(text, budget):
     from remat_pass.runtime.dynamo_backend import settings_from_environment
 
     settings = settings_from_environment({"REMAT_PASS_BUDGET": text})
-    assert settings == {"budget": budget, "budget_kind": "auto", "on_infeasible": "clamp", "inner": None}
+    assert settings == {"budget": budget, "budget_kind": "auto", "on_infeasible": "clamp", "inner": None,
+                        "plan_cache": True}
     assert settings_from_environment({"REMAT_PASS_INNER": "eager"})["inner"] == "eager"
+
+
+@pytest.mark.parametrize("text, plan_cache", [("", True), ("off", False), ("0", False), ("/tmp/plans", "/tmp/plans")])
+def test_registered_backend_reads_its_plan_cache_from_the_environment(text, plan_cache):
+    from remat_pass.runtime.dynamo_backend import settings_from_environment
+
+    assert settings_from_environment({"REMAT_PASS_PLAN_CACHE": text})["plan_cache"] == plan_cache
 
 
 @pytest.mark.parametrize("environ, message", [

@@ -183,3 +183,26 @@ def test_an_answer_the_rows_do_not_prove_gets_the_any_schedule_bound_too(monkeyp
     assert len(asked) == 2
     solvers.solve(problem, budget, solver="ilp_peak", time_limit=10, cap_solver="ilp_offload")
     assert len(asked) == 2
+
+
+def test_without_proof_work_no_exact_rows_and_no_any_schedule_bound(monkeypatch):
+    """``prove=False`` (what ``optimize`` runs by default): the exact rows and the any-schedule bound
+    are not run, no time is kept for them, and the answer claims only what the rows' relaxation
+    proved: on the two-block transformer at per-block's peak, the same plan, its 50% gap, not 'optimal'."""
+    from remat_pass.solvers import peak
+
+    from .test_solvers import transformer
+
+    problem = transformer()
+    budget = simulate_plan(problem, solvers.solve(problem, None, solver="per_block")).peak_bytes
+    ran: list[str] = []
+    monkeypatch.setattr(peak, "any_schedule_bound_by", lambda *args, **kwargs: ran.append("bound") or 6.0)
+    exact_rounds = peak._Search.exact_rounds
+    monkeypatch.setattr(peak._Search, "exact_rounds",
+                        lambda self, *args: ran.append("exact") or exact_rounds(self, *args))
+    fast = solvers.solve(problem, budget, solver="ilp_peak", time_limit=10, prove=False)
+    assert ran == []
+    assert not fast.refreshed and fast.recompute_seconds == pytest.approx(6.0)
+    assert (str(fast.status), fast.gap) == ("feasible", pytest.approx(0.5))
+    proven = solvers.solve(problem, budget, solver="ilp_peak", time_limit=10)
+    assert ran == ["exact", "bound"] and str(proven.status) == "optimal"

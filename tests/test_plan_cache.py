@@ -9,6 +9,7 @@ import random
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -66,7 +67,8 @@ def test_a_fresh_process_with_the_same_cache_hits(tmp_path):
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 8))
         cache = PlanCache({str(tmp_path)!r})
-        compiled = torch.compile(model, backend=remat_pass.backend(0.5, plan_cache=cache))
+        # eager, as conftest makes the parent's: Inductor hands the partitioner another joint graph
+        compiled = torch.compile(model, backend=remat_pass.backend(0.5, plan_cache=cache, inner="eager"))
         compiled(torch.randn(4, 8)).square().mean().backward()
         print(json.dumps(cache.stats))
     """)
@@ -196,3 +198,63 @@ def test_measured_costs_hit_the_cache_across_compiles(tmp_path):
         compiled = torch.compile(model, backend=remat_pass.backend(0.5, plan_cache=cache, costs="measure"))
         assert_same_step(run_step(model, compiled, inputs, _loss), eager_reference(model, inputs, _loss))
     assert cache.stats == {"hits": 1, "misses": 1}
+
+
+@pytest.fixture
+def solves(monkeypatch):
+    """The name of every planner run, in order (each registry entry wrapped)."""
+    import functools
+
+    from remat_pass import solvers
+
+    ran: list[str] = []
+    for name, planner in list(solvers.SOLVERS.items()):
+        @functools.wraps(planner)
+        def counting(*args, _planner=planner, _name=name, **kwargs):
+            ran.append(_name)
+            return _planner(*args, **kwargs)
+
+        monkeypatch.setitem(solvers.SOLVERS, name, counting)
+    return ran
+
+
+def test_by_default_a_second_run_does_not_solve_again_and_a_new_shape_does(solves, monkeypatch):
+    """The cache is on by default (conftest points its directory at a temporary one): a new
+    ``RematModule`` in what stands for a second process (no cache object in memory, a fresh dynamo)
+    plans the same graph without a solve, and trains like eager; a new input shape is a new
+    graph, solved. ``plan`` and ``explain`` the same; ``plan_cache=False`` always solves."""
+    from remat_pass.tools.explain import explain
+
+    model, x = _model(), torch.randn(4, 8)
+    remat_pass.optimize(model, 0.5, example_inputs=(x,))
+    first = len(solves)
+    assert first > 0
+    monkeypatch.setattr(plan_cache_module, "_DEFAULT_CACHES", {})  # a second process: nothing in memory
+    torch._dynamo.reset()
+    again = remat_pass.optimize(model, 0.5, example_inputs=(x,))
+    assert len(solves) == first and again.plan is not None
+    assert_same_step(run_step(model, again, (x,), _loss), eager_reference(model, (x,), _loss))
+    torch._dynamo.reset()
+    remat_pass.optimize(model, 0.5, example_inputs=(torch.randn(6, 8),))
+    assert len(solves) > first
+    for front_door in (lambda: remat_pass.plan(model, (x,), budget=0.5, device="cpu", solver="ilp"),
+                       lambda: explain(model, (x,), 0.5)):
+        torch._dynamo.reset()
+        front_door()
+        solved = len(solves)
+        torch._dynamo.reset()
+        front_door()
+        assert len(solves) == solved
+    torch._dynamo.reset()
+    remat_pass.optimize(model, 0.5, example_inputs=(x,), plan_cache=False)
+    assert len(solves) == solved + 1
+
+
+def test_the_default_directory_is_the_users_cache(monkeypatch, tmp_path):
+    monkeypatch.setattr(plan_cache_module, "DEFAULT_DIRECTORY", None)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert plan_cache_module.default_directory() == tmp_path / "remat_pass" / "plans"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert plan_cache_module.default_directory() == Path.home() / ".cache" / "remat_pass" / "plans"
+    assert plan_cache_module.as_plan_cache(True) is plan_cache_module.as_plan_cache(True)
+    assert plan_cache_module.as_plan_cache(False) is None and plan_cache_module.as_plan_cache(None) is None

@@ -127,3 +127,75 @@ def test_bad_arguments() -> None:
         remat_pass.plan(model, (torch.zeros(2, 4),), solver="nope")
     with pytest.raises(ValueError, match="budget_kind"):
         remat_pass.plan(model, (torch.zeros(2, 4),), budget_kind="sometimes")
+
+
+# --- how long planning takes: fast by default, proof work on request ------------------------
+
+
+@pytest.fixture
+def peak_options(monkeypatch):
+    """The options every front door hands the peak planner, one dict per solve."""
+    import functools
+
+    from remat_pass import solvers
+
+    seen: list[dict] = []
+    original = solvers.SOLVERS["ilp_peak"]
+
+    @functools.wraps(original)
+    def recording(problem, budget_bytes=None, **options):
+        seen.append({k: options.get(k) for k in ("time_limit", "prove")})
+        return original(problem, budget_bytes, **options)
+
+    monkeypatch.setitem(solvers.SOLVERS, "ilp_peak", recording)
+    return seen
+
+
+def _mlp_case():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 1))
+    return model, torch.randn(256, 16)
+
+
+@pytest.mark.parametrize("given, expected", [
+    ({}, {"time_limit": 5.0, "prove": False}),
+    ({"time_limit": 7}, {"time_limit": 7, "prove": True}),
+    ({"prove": True}, {"time_limit": 60.0, "prove": True}),
+    ({"time_limit": 7, "prove": False}, {"time_limit": 7, "prove": False}),
+])
+def test_every_front_door_plans_fast_by_default_and_proves_on_request(peak_options, given, expected) -> None:
+    """``optimize``, ``backend``, ``plan`` and ``explain``: by default 5 s and no proof work; an
+    explicit ``time_limit`` means proving within it; ``prove=True`` alone, within 60 s."""
+    from remat_pass.tools.explain import explain
+
+    model, x = _mlp_case()
+    budget = dict(budget=0.9, budget_kind="peak", plan_cache=False)  # every front door solves
+    torch._dynamo.reset()
+    remat_pass.optimize(model, example_inputs=(x,), **budget, **given)
+    torch._dynamo.reset()
+    torch.compile(model, backend=remat_pass.backend(**budget, **given))(x).sum().backward()
+    torch._dynamo.reset()
+    remat_pass.plan(model, (x,), device="cpu", solver="ilp", **budget, **given)
+    torch._dynamo.reset()
+    explain(model, (x,), 0.9, budget_kind="peak", plan_cache=False, **given)
+    torch._dynamo.reset()
+    assert peak_options == [expected] * 4
+
+
+def test_planning_effort_rejects_what_is_not_a_limit() -> None:
+    from remat_pass.planning.pipeline import planning_effort
+
+    with pytest.raises(ValueError, match="time_limit"):
+        planning_effort(0, None)
+    with pytest.raises(TypeError, match="prove"):
+        planning_effort(None, "yes")
+
+
+def test_the_status_line_claims_no_more_than_was_proven(real_plan: remat_pass.Plan) -> None:
+    import dataclasses
+
+    from remat_pass.planning.pipeline import describe_status
+
+    said = [describe_status(dataclasses.replace(real_plan, status=status, gap=gap))
+            for status, gap in (("optimal", 0.0), ("feasible", 0.175), ("feasible", None), ("time_limit", 0.3))]
+    assert said == ["optimal", "feasible, proven gap 17.5%", "feasible, gap unknown", "time_limit, proven gap 30.0%"]

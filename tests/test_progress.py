@@ -61,3 +61,41 @@ def test_the_driver_reports_a_slow_solver(caplog, monkeypatch):
 def test_the_default_mip_backend_is_highs():
     """highspy is a core dependency: "auto" must pick it (CBC is the fallback, tests/test_solvers.py)."""
     assert _mip.resolve_backend("auto") == "highs"
+
+
+class _Terminal:
+    """A stand-in for stderr at a terminal: what was written, and isatty()."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def isatty(self) -> bool:
+        return True
+
+    def write(self, text: str) -> None:
+        self.text += text
+
+    def flush(self) -> None:
+        pass
+
+
+def test_at_a_terminal_a_long_phase_shows_a_line_that_ends_with_its_outcome(monkeypatch):
+    """stderr a terminal and INFO not logged (a plain script): one status line, rewritten while the
+    phase runs and ended with its outcome (a plan's gap); an inner phase owns the line while it runs;
+    not a terminal: nothing written."""
+    monkeypatch.setattr(logging.getLogger(progress.__name__), "level", logging.WARNING)
+    terminal = _Terminal()
+    with progress.phase("capturing a graph", "captured a graph", after=0.05, stream=terminal):
+        with progress.solving("a test plan", 5.0, after=0.05, stream=terminal) as outcome:
+            time.sleep(1.3)
+            outcome.text = "feasible, proven gap 17.5%"
+        time.sleep(1.3)
+    assert "\rremat_pass: solving a test plan: 1s (time limit 5s)" in terminal.text
+    assert "solved a test plan in 1." in terminal.text and terminal.text.count("proven gap 17.5%\x1b[K\n") == 1
+    assert "\rremat_pass: capturing a graph: 2s" in terminal.text
+    assert terminal.text.endswith("\x1b[K\n") and "\rremat_pass: captured a graph in 2." in terminal.text
+    quiet = _Terminal()
+    quiet.isatty = lambda: False
+    with progress.phase("capturing a graph", "captured a graph", after=0.05, stream=quiet):
+        time.sleep(0.2)
+    assert quiet.text == ""

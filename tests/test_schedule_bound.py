@@ -203,3 +203,24 @@ def test_the_answers_any_schedule_bound_is_the_best_of_a_quick_and_a_full_model(
     monkeypatch.setattr(schedule_bound, "any_schedule_bound", recorded)
     found = schedule_bound.any_schedule_bound_by(problem, budget, backend="highs", deadline=time.perf_counter() + 60)
     assert asked == [2, schedule_bound.DEFAULT_STEPS] and found == pytest.approx(4.0)
+
+
+def test_the_saved_bytes_floor_never_exceeds_a_plan_that_fits():
+    """``saved_bytes_floor`` (what the peak planner's gap rests on without proof work): brute force
+    on the two-block transformer, refreshed plans included, every budget from the lowest peak to
+    keep-all's: at most the cheapest plan that fits, and that plan's own cost at some budget."""
+    import time
+
+    from remat_pass.solvers.peak.schedule_bound import saved_bytes_floor
+
+    problem = transformer()
+    plans = _every_plan(problem)
+    lowest, highest = min(p for p, _ in plans), max(p for p, _ in plans)
+    tight = 0
+    for budget in sorted({*range(lowest, highest + 1, max((highest - lowest) // 10, 1)), highest}):
+        cheapest = min(seconds for peak, seconds in plans if peak <= budget)
+        floor = saved_bytes_floor(problem, budget, time.perf_counter() + 10)
+        assert floor is not None and floor <= cheapest * (1 + 1e-9), (budget, floor, cheapest)
+        tight += floor >= cheapest * (1 - 1e-9)
+    assert tight >= 1
+    assert saved_bytes_floor(problem, highest, time.perf_counter()) is None  # no time: no bound

@@ -16,6 +16,7 @@ Every front door goes through here: ``optimize`` and ``backend`` (per captured j
 from __future__ import annotations
 
 import enum
+import inspect
 import logging
 import time
 from dataclasses import dataclass, field, replace
@@ -44,7 +45,31 @@ DEFAULT_BUDGET = 0.5
 """Half the activation bytes: usually attainable by recomputing only cheap ops."""
 
 DEFAULT_TIME_LIMIT = solvers.DEFAULT_TIME_LIMIT
-"""Seconds a planner may take before it returns its best plan so far (the planners' own default)."""
+"""Seconds a planner may take with ``prove=True`` and no ``time_limit`` (the planners' own default)."""
+
+FAST_TIME_LIMIT = 5.0
+"""Seconds the default planning may take: no proof work (``prove=False``), a good plan and the gap
+its searches proved. On a 12-layer GPT-2 under a peak budget it gives the 60 s plan itself, with a
+17.5% gap where the 60 s proof work reaches 3.6% (``benchmarks/SCALING.md``, "Fast by default")."""
+
+
+def planning_effort(time_limit: float | None, prove: bool | None) -> tuple[float, bool]:
+    """The time limit and whether to do the proof work, from what a caller passed.
+
+    Neither (the default): ``FAST_TIME_LIMIT`` seconds, no proof work. An explicit ``time_limit``
+    means "spend up to this, proving": proof work on, unless ``prove=False`` says otherwise.
+    ``prove=True`` alone gets ``DEFAULT_TIME_LIMIT``.
+
+    >>> planning_effort(None, None), planning_effort(30, None), planning_effort(None, True)
+    ((5.0, False), (30, True), (60.0, True))
+    """
+    if prove is not None and not isinstance(prove, bool):
+        raise TypeError(f"prove must be True, False or None, got {prove!r}")
+    if time_limit is None:
+        return (DEFAULT_TIME_LIMIT, True) if prove else (FAST_TIME_LIMIT, False)
+    if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not time_limit > 0:
+        raise ValueError(f"time_limit must be a positive number of seconds or None, got {time_limit!r}")
+    return time_limit, prove is not False
 
 
 class BudgetKind(str, enum.Enum):
@@ -95,7 +120,7 @@ class PlanOptions:
     budget: Budget
     solver: str = "ilp"
     device: str | DeviceProfile = "auto"
-    time_limit: float = DEFAULT_TIME_LIMIT
+    time_limit: float = FAST_TIME_LIMIT
     budget_kind: str = BudgetKind.AUTO
     solver_options: dict[str, Any] = field(default_factory=dict)
     free_inputs: bool = False  # see annotate(): True only when each graph is a whole step
@@ -110,6 +135,9 @@ class PlanOptions:
     # Where solved plans are stored and looked up (plan_cache.PlanCache); not a planning input.
     plan_cache: Any = field(default=None, compare=False, repr=False)
     costs: CostModel = CostModel.ROOFLINE
+    # The proof work (exact rows, the any-schedule bound) within time_limit, or none (the default:
+    # planning_effort); planners without such work (the ILP, "fast", the baselines) ignore it.
+    prove: bool = False
 
 
 # --- the budget -------------------------------------------------------------------------------
@@ -216,15 +244,17 @@ def plan_problem(problem: Problem, options: PlanOptions) -> Planned:
 
     Raises BudgetInfeasibleError (in the user's terms: a peak error names the smallest budget
     that works with the headroom) unless ``options.on_infeasible`` is "clamp". A solve that runs
-    longer than a few seconds is reported at INFO while it runs (``progress.solving``).
+    longer than a few seconds is reported while it runs, and its status and proven gap when it ends
+    (``progress.solving``: the log at INFO, and a status line when stderr is a terminal).
     """
     cache = options.plan_cache
     if cache is not None and (found := cache.get(problem, options)) is not None:
         plan, budget = found
         return Planned(plan, resolve_budget(problem, Budget(budget["fraction"], budget["nbytes"]), budget["kind"]))
     what = f"a {options.solver} plan for {len(problem.values)} values under budget {options.budget}"
-    with solving(what, options.time_limit):
+    with solving(what, options.time_limit) as outcome:
         planned = _plan_or_clamp(problem, options)
+        outcome.text = describe_status(planned.plan)
     if cache is not None:
         requested = planned.budget.requested
         cache.put(problem, options, planned.plan,
@@ -313,6 +343,8 @@ def _solve_one(problem: Problem, options: PlanOptions, budget: ResolvedBudget) -
         solver = "ilp_peak"
     if _bounds_budget(solver):  # the planners that search for a budget take a time limit
         extra.setdefault("time_limit", options.time_limit)
+        if _proves(solver):
+            extra.setdefault("prove", options.prove)
     if budget.kind is BudgetKind.PEAK and not options.offload and _as_given_fits(problem, solver, budget):
         plan = _no_more_than_as_given(problem, options.solver, extra, budget)
     elif budget.kind is BudgetKind.PEAK:
@@ -341,6 +373,11 @@ def _bounds_budget(solver: str) -> bool:
     return info is not None and info.bounds is not None
 
 
+def _proves(solver: str) -> bool:
+    """Whether the planner has proof work it can skip (a ``prove`` option: ``ilp_peak``)."""
+    return "prove" in inspect.signature(solvers.get_solver(solver)).parameters
+
+
 def _as_given_fits(problem: Problem, solver: str, budget: ResolvedBudget) -> bool:
     """A peak budget the model's own checkpointing already meets: plan within what it saves.
 
@@ -356,7 +393,7 @@ def _no_more_than_as_given(problem: Problem, solver: str, extra: dict[str, Any],
     the model's own plan where the solver finds none better."""
     given = budget.as_given
     assert given is not None
-    options = {k: v for k, v in extra.items() if k != "cap_solver"}
+    options = {k: v for k, v in extra.items() if k != "cap_solver" and (k != "prove" or _proves(solver))}
     try:
         plan = solvers.solve(problem, given.kept_bytes, solver=solver, **options)
     except solvers.BudgetInfeasibleError:
@@ -393,9 +430,16 @@ def plan_joint_graph(joint: JointGraph, options: PlanOptions) -> PlannedGraph:
     logger.info(
         "planned %d forward values in %.2fs: keep %d of %d bytes, recompute %d values, peak ~%d bytes (%s, %s)",
         len(annotated.problem.values), time.perf_counter() - started, plan.kept_bytes,
-        plan.keep_all_bytes, len(plan.recomputed), result.graph_peak_bytes, plan.solver, plan.status,
+        plan.keep_all_bytes, len(plan.recomputed), result.graph_peak_bytes, plan.solver, describe_status(plan),
     )
     return result
+
+
+def describe_status(plan: Plan) -> str:
+    """"optimal", or "feasible, proven gap 17.5%" / "feasible, gap unknown": never more than was proven."""
+    if plan.status == solvers.Status.OPTIMAL:
+        return str(plan.status)
+    return f"{plan.status}, gap unknown" if plan.gap is None else f"{plan.status}, proven gap {plan.gap:.1%}"
 
 
 def reconcile(annotated: AnnotatedGraph, options: PlanOptions, planned: Planned,
@@ -429,7 +473,7 @@ def reconcile(annotated: AnnotatedGraph, options: PlanOptions, planned: Planned,
 
 
 __all__ = [
-    "DEFAULT_BUDGET", "DEFAULT_TIME_LIMIT", "BudgetKind", "LossFn", "OnInfeasible", "PlanOptions", "Planned", "PlannedGraph",
-    "ResolvedBudget", "TracedStep", "as_inputs", "merge_problems", "plan_joint_graph", "plan_problem", "reconcile",
-    "describe_piece", "resolve_budget", "resolve_budget_kind", "trace_step", "with_headroom", "without_headroom",
+    "DEFAULT_BUDGET", "DEFAULT_TIME_LIMIT", "FAST_TIME_LIMIT", "BudgetKind", "LossFn", "OnInfeasible", "PlanOptions", "Planned", "PlannedGraph",
+    "ResolvedBudget", "TracedStep", "as_inputs", "merge_problems", "plan_joint_graph", "plan_problem", "planning_effort", "reconcile",
+    "describe_piece", "describe_status", "resolve_budget", "resolve_budget_kind", "trace_step", "with_headroom", "without_headroom",
 ]

@@ -39,13 +39,14 @@ from ..compat import fake_tensor_mode, is_fake
 from ..annotate.costs import CostModel, DeviceProfile, parse_costs
 from ..capture.inputs import call_inputs
 from ..rewrite.offload import check_offload_options, parse_host_budget
+from ..runtime.plan_cache import as_plan_cache
 from .pipeline import (
     DEFAULT_BUDGET,
-    DEFAULT_TIME_LIMIT,
     BudgetKind,
     LossFn,
     PlanOptions,
     plan_problem,
+    planning_effort,
     resolve_budget_kind,
     trace_step,
 )
@@ -71,13 +72,15 @@ def plan(
     solver: str = PLAN_SOLVER,
     budget_kind: str = BudgetKind.AUTO,
     loss_fn: LossFn | None = None,
-    time_limit: float = DEFAULT_TIME_LIMIT,
+    time_limit: float | None = None,
+    prove: bool | None = None,
     verbose: bool = False,
     depth: int | None = None,
     offload: bool = False,
     host_budget: object = None,
     example_kwargs: Mapping[str, Any] | None = None,
     costs: str = CostModel.ROOFLINE,
+    plan_cache: Any = True,
     **solver_options: Any,
 ) -> Plan:
     """Decide what ``model``'s training step keeps and recomputes under ``budget``; run nothing.
@@ -91,12 +94,15 @@ def plan(
     ``optimize``: a tuple, one tensor, or a dict of keyword inputs (a Hugging Face batch), plus
     ``example_kwargs``. ``loss_fn(output, *args, **kwargs)`` makes the loss part of the planned step. ``verbose`` prints the report (``PlanReport.text``) per module at ``depth``.
     ``offload=True`` also lets saved values go to host memory (``optimize``'s option).
+    ``time_limit`` and ``prove`` as for ``optimize``: by default 5 s of planning and no proof work;
+    ``plan_cache`` too (by default ``~/.cache/remat_pass/plans``; ``False`` for none).
 
     Raises BudgetInfeasibleError (with the smallest feasible budget) when nothing fits.
     """
     report_ = plan_with_report(model, example_inputs, budget, device=device, solver=solver, budget_kind=budget_kind,
-                               loss_fn=loss_fn, time_limit=time_limit, offload=offload, host_budget=host_budget,
-                               example_kwargs=example_kwargs, costs=costs, **solver_options)
+                               loss_fn=loss_fn, time_limit=time_limit, prove=prove, offload=offload,
+                               host_budget=host_budget,
+                               example_kwargs=example_kwargs, costs=costs, plan_cache=plan_cache, **solver_options)
     if verbose:
         print(report_.render(depth=depth))
     return report_.plan
@@ -111,11 +117,13 @@ def plan_with_report(
     solver: str = PLAN_SOLVER,
     budget_kind: str = BudgetKind.AUTO,
     loss_fn: LossFn | None = None,
-    time_limit: float = DEFAULT_TIME_LIMIT,
+    time_limit: float | None = None,
+    prove: bool | None = None,
     offload: bool = False,
     host_budget: object = None,
     example_kwargs: Mapping[str, Any] | None = None,
     costs: str = CostModel.ROOFLINE,
+    plan_cache: Any = True,
     **solver_options: Any,
 ) -> PlanReport:
     """``plan`` plus the step's FLOPs and forward time: a ``PlanReport`` at the blocks' depth."""
@@ -124,6 +132,7 @@ def plan_with_report(
     resolve_budget_kind(parsed, budget_kind)  # reject a bad kind before tracing
     check_offload_options(offload, device, solver)
     parse_costs(costs)
+    time_limit, prove = planning_effort(time_limit, prove)
     call = call_inputs(example_inputs, example_kwargs)
     with traceable(model, call.flat()) as flat:
         # Always through trace_step's loss wrapper: module paths then read as the model names them,
@@ -132,7 +141,8 @@ def plan_with_report(
         traced = trace_step(model, args, loss_fn=loss_fn or _output, device=device, example_kwargs=kwargs,
                             costs=costs)
     options = PlanOptions(parsed, solver, device, time_limit, budget_kind, dict(solver_options), offload=offload,
-                          host_budget_bytes=parse_host_budget(host_budget))
+                          host_budget_bytes=parse_host_budget(host_budget), prove=prove,
+                          plan_cache=as_plan_cache(plan_cache))
     made = plan_problem(traced.problem, options).plan
     return PlanReport(made, traced.step_flops, traced.forward_seconds, traced.pieces, budget=parsed,
                       depth=block_depth(made.problem))

@@ -21,6 +21,7 @@ from ..annotate.annotate import META_KEY, AnnotatedGraph, annotate
 from ..capture.capture import capture
 from ..annotate.costs import CostModel, DeviceProfile
 from ..capture.inputs import call_inputs
+from .progress import phase
 
 LossFn = Callable[..., torch.Tensor]
 _WRAPPED = "model"  # attribute under which _WithLoss holds the user's model
@@ -87,7 +88,8 @@ def trace_step(
         raise TypeError(f"expected an nn.Module, got {type(model).__name__}")
     call = call_inputs(example_inputs, example_kwargs)
     target = model if loss_fn is None else _WithLoss(model, loss_fn)
-    annotated = [annotate(joint, device, costs=costs) for joint in capture(target, call.args, call.kwargs)]
+    with phase("tracing the step", "traced the step"):
+        annotated = [annotate(joint, device, costs=costs) for joint in capture(target, call.args, call.kwargs)]
     step_flops = sum(
         node.meta[META_KEY].flops for a in annotated for node in a.joint.module.graph.nodes if META_KEY in node.meta
     )

@@ -54,15 +54,16 @@ class _Settings:
     inner: str
     solver: str
     device: str | DeviceProfile
-    time_limit: float
+    time_limit: float | None
     budget_kind: str
     offload: bool = False
     host_budget: object = None
     solver_options: Mapping[str, Any] = field(default_factory=dict)
     fullgraph: bool = True  # False: graph breaks allowed, each piece planned on its own
     dynamic: bool = False  # True: one plan, made at the first call's sizes, for every size
-    plan_cache: Any = None  # plan_cache.PlanCache, a directory or None
+    plan_cache: Any = True  # plan_cache.PlanCache, a directory, True (the default one), False or None (none)
     costs: str = CostModel.ROOFLINE  # how recompute is priced: roofline, flops or measure
+    prove: bool | None = None  # the proof work (pipeline.planning_effort); None: only with a time_limit
 
 
 # Per-instance state that is rebuilt, never copied or pickled: it holds a lock, compiled code and
@@ -85,20 +86,21 @@ class RematModule(nn.Module):
         inner: str,
         solver: str,
         device: str | DeviceProfile,
-        time_limit: float,
+        time_limit: float | None,
         budget_kind: str = "auto",
         offload: bool = False,
         host_budget: object = None,
         fullgraph: bool = True,
         dynamic: bool = False,
-        plan_cache: Any = None,
+        plan_cache: Any = True,
         costs: str = CostModel.ROOFLINE,
+        prove: bool | None = None,
         **solver_options: Any,
     ) -> None:
         super().__init__()
         self.module = module
         self._settings = _Settings(budget, inner, solver, device, time_limit, budget_kind, offload, host_budget,
-                                   dict(solver_options), fullgraph, dynamic, as_plan_cache(plan_cache), costs)
+                                   dict(solver_options), fullgraph, dynamic, as_plan_cache(plan_cache), costs, prove)
         self._build()
 
     def _build(self) -> None:
@@ -112,7 +114,7 @@ class RematModule(nn.Module):
             settings.budget, inner=settings.inner, solver=settings.solver, device=settings.device,
             time_limit=settings.time_limit, budget_kind=settings.budget_kind, free_inputs=settings.fullgraph,
             offload=settings.offload, host_budget=settings.host_budget, plan_cache=settings.plan_cache,
-            costs=settings.costs, **settings.solver_options,
+            costs=settings.costs, prove=settings.prove, **settings.solver_options,
         )
         self._signature = forward_signature(self.module.forward)
         # Not a registered submodule: its parameters are the original's.
@@ -304,13 +306,14 @@ def optimize(
     inner: str = "eager",
     solver: str = "ilp",
     device: str | DeviceProfile = "auto",
-    time_limit: float = 60.0,
+    time_limit: float | None = None,
+    prove: bool | None = None,
     budget_kind: str = "auto",
     offload: bool = False,
     host_budget: object = None,
     fullgraph: bool = True,
     dynamic: bool = False,
-    plan_cache: Any = None,
+    plan_cache: Any = True,
     costs: str = CostModel.ROOFLINE,
     **solver_options: Any,
 ) -> RematModule:
@@ -330,16 +333,20 @@ def optimize(
     alias) or "measure" (each forward op timed once on the device with the first call's real
     inputs, before planning; see ``remat_pass.annotate.op_timing``).
 
-    ``time_limit`` (seconds) bounds planning; capture and annotation come on top. Under a peak
-    budget the peak planner answers within it when a plan fits: its searches get the first four
-    fifths, making cheaper plans that overshoot fit (giving up kept values, or refreshing
-    recomputed ones) the next tenth, and, when its own bound leaves the answer open, the lower
-    bound for any schedule (``solvers.peak.schedule_bound``) the last. A model build or simulation
-    already started is not interrupted, so a deep model may run a little past it. When nothing
-    fits, a fixed probe of the trade-off curve follows, so that the smallest budget the error
-    states is one a plan was found for. Measured at a 60 s limit: 60.1-60.7 s on a 12- to
-    48-layer GPT, 4-60 s on 4-layer models; at 10 s, 8.9-9.0 s (``benchmarks/SCALING.md``,
-    ``benchmarks/RESULTS.md``, round 14).
+    By default planning is fast: at most ``pipeline.FAST_TIME_LIMIT`` (5 s) per graph, spent on
+    finding a good plan, with no proof work; the plan's ``gap`` is what its searches proved
+    (``plan.status`` is "optimal" only when proven). ``time_limit`` (seconds) asks for more: up to
+    that long, the proof work included (the peak planner's exact rows and, when its own bound
+    leaves the answer open, the lower bound for any schedule, ``solvers.peak.schedule_bound``);
+    ``prove=True`` alone does the same within 60 s, ``prove=False`` keeps a longer limit free of
+    it. Capture and annotation come on top. Under a peak budget the peak planner answers within the
+    limit when a plan fits: its searches get the first four fifths (nine tenths without proof
+    work), making cheaper plans that overshoot fit the next tenth, the bound the last. A model
+    build or simulation already started is not interrupted, so a deep model may run a little past
+    it. When nothing fits, a fixed probe of the trade-off curve follows, so that the smallest
+    budget the error states is one a plan was found for. Measured at a 60 s limit: 60.1-60.7 s on
+    a 12- to 48-layer GPT, 4-60 s on 4-layer models; at 10 s, 8.9-9.0 s; by default, see
+    ``benchmarks/SCALING.md`` ("Fast by default").
 
     ``offload=True`` lets the planner also send saved activations to host memory over the
     device's host link where the transfer hides behind compute (``device`` must have one, e.g.
@@ -350,8 +357,10 @@ def optimize(
     ``fullgraph=False`` accepts graph breaks: each piece is planned on its own (a fraction applies
     to each piece; an absolute budget bounds each piece separately); ``.pieces`` lists their plans.
     ``dynamic=True`` makes one plan, at the first call's shapes, that serves every input size
-    (the budget is checked at that shape; plan ahead with the largest one). ``plan_cache`` (a
-    directory or ``plan_cache.PlanCache``) stores plans on disk, so a restarted job skips the solve.
+    (the budget is checked at that shape; plan ahead with the largest one). ``plan_cache`` stores plans on
+    disk, keyed by the graph as planned and every planning input, so a new ``RematModule``, a
+    recompile or a restarted job planning the same graph skips the solve: by default in
+    ``~/.cache/remat_pass/plans``; a directory or ``plan_cache.PlanCache`` to choose, ``False`` for none.
 
     >>> import remat_pass
     >>> from remat_pass.examples import gpt_example, lm_loss
@@ -366,7 +375,7 @@ def optimize(
     reject_wrapped_model(model)
     device = model_profile(device, model)
     optimized = RematModule(
-        model, budget, inner=inner, solver=solver, device=device, time_limit=time_limit,
+        model, budget, inner=inner, solver=solver, device=device, time_limit=time_limit, prove=prove,
         budget_kind=budget_kind, offload=offload, host_budget=host_budget, fullgraph=fullgraph, dynamic=dynamic,
         plan_cache=plan_cache, costs=costs, **solver_options,
     )

@@ -22,7 +22,9 @@ variables"), at each compile:
 * ``REMAT_PASS_BUDGET_KIND``: ``auto`` (default), ``saved`` or ``peak``;
 * ``REMAT_PASS_ON_INFEASIBLE``: ``clamp`` (default: a graph that cannot meet the budget is
   planned at its own minimum, with a warning) or ``raise``;
-* ``REMAT_PASS_INNER``: ``inductor`` (default) or ``eager``.
+* ``REMAT_PASS_INNER``: ``inductor`` (default) or ``eager``;
+* ``REMAT_PASS_PLAN_CACHE``: a directory for the plan cache, or ``off``; default
+  ``~/.cache/remat_pass/plans`` (``plan_cache.DEFAULT_DIRECTORY``).
 """
 
 from __future__ import annotations
@@ -45,15 +47,17 @@ from ..compat import has_custom_partitioner
 from ..annotate.costs import CostModel, DeviceProfile, parse_costs
 from ..rewrite.offload import check_offload_options, parse_host_budget
 from .plan_cache import PlanCache, as_plan_cache
+from .plan_cache import from_text as plan_cache_from_text
+from ..planning.progress import phase
 from ..errors import InvalidBudgetError
 from ..planning.pipeline import (
     DEFAULT_BUDGET,
-    DEFAULT_TIME_LIMIT,
     BudgetKind,
     OnInfeasible,
     PlanOptions,
     describe_piece,
     plan_joint_graph,
+    planning_effort,
     resolve_budget_kind,
 )
 
@@ -61,6 +65,7 @@ logger = logging.getLogger(__name__)
 
 ENV_BUDGET, ENV_BUDGET_KIND, ENV_ON_INFEASIBLE = "REMAT_PASS_BUDGET", "REMAT_PASS_BUDGET_KIND", "REMAT_PASS_ON_INFEASIBLE"
 ENV_INNER = "REMAT_PASS_INNER"
+ENV_PLAN_CACHE = "REMAT_PASS_PLAN_CACHE"
 
 # The torch.compile backend's inner compiler unless one is named (``optimize`` keeps "eager").
 BACKEND_INNER = "inductor"
@@ -91,8 +96,9 @@ class RematBackend:
     """A dynamo backend object; it remembers the plan of every subgraph it compiled.
 
     ``plans`` lists them in compile order. ``on_plan`` (used by ``optimize``) is called with
-    each new plan as soon as it exists. ``plan_cache`` (a ``PlanCache`` or a directory) stores
-    solved plans on disk and reuses them when the same graph is planned with the same inputs.
+    each new plan as soon as it exists. ``plan_cache`` stores solved plans on disk and reuses them
+    when the same graph is planned with the same inputs: by default in ``~/.cache/remat_pass/plans``
+    (``plan_cache.DEFAULT_DIRECTORY``); a ``PlanCache`` or a directory to choose, ``False`` for none.
 
     ``on_infeasible``: when one graph (a piece of a step dynamo split at graph breaks, DDP's
     gradient buckets or FSDP2's hooks) cannot meet the budget, "raise" (default) fails the
@@ -104,6 +110,9 @@ class RematBackend:
     needs no split (the same fraction of each piece is that fraction of their sum); an absolute
     budget becomes ``budget // pieces`` bytes *saved for backward* per piece, whose sum is then
     at most the budget. Peaks do not add up across pieces, so a peak budget cannot be split.
+
+    ``time_limit`` and ``prove``: how long each graph's planning may take and whether it does the
+    proof work (``pipeline.planning_effort``: by default 5 s and none, as for ``optimize``).
     """
 
     def __init__(
@@ -113,7 +122,8 @@ class RematBackend:
         inner: str | None = None,
         solver: str = "ilp",
         device: str | DeviceProfile = "auto",
-        time_limit: float = DEFAULT_TIME_LIMIT,
+        time_limit: float | None = None,
+        prove: bool | None = None,
         budget_kind: str = BudgetKind.AUTO,
         on_plan: Callable[[Plan], None] | None = None,
         free_inputs: bool = False,
@@ -121,7 +131,7 @@ class RematBackend:
         host_budget: object = None,
         on_infeasible: str = OnInfeasible.RAISE,
         pieces: int = 1,
-        plan_cache: PlanCache | str | os.PathLike[str] | None = None,
+        plan_cache: PlanCache | str | os.PathLike[str] | bool | None = True,
         costs: str = CostModel.ROOFLINE,
         **solver_options: Any,
     ) -> None:
@@ -135,10 +145,11 @@ class RematBackend:
             raise ValueError(f"on_infeasible must be 'raise' or 'clamp', got {on_infeasible!r}") from None
         parsed, budget_kind = _per_piece(parsed, budget_kind, pieces)
         inner = backend_inner(inner, resolve_budget_kind(parsed, budget_kind))
+        time_limit, prove = planning_effort(time_limit, prove)
         self.options = PlanOptions(parsed, solver, device, time_limit, budget_kind, solver_options, free_inputs,
                                    on_infeasible=on_infeasible, offload=offload,
                                    host_budget_bytes=parse_host_budget(host_budget),
-                                   plan_cache=as_plan_cache(plan_cache), costs=parse_costs(costs))
+                                   plan_cache=as_plan_cache(plan_cache), costs=parse_costs(costs), prove=prove)
         self.pieces = pieces
         self.inner = inner
         self.plans: list[Plan] = []
@@ -161,7 +172,9 @@ class RematBackend:
         return planned.forward, planned.backward
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
-        return self._compile(gm, example_inputs)
+        with phase(f"capturing and planning graph {len(self.plans) + 1}",
+                   f"captured and planned graph {len(self.plans) + 1}"):
+            return self._compile(gm, example_inputs)
 
     def __repr__(self) -> str:
         per_piece = f", pieces={self.pieces}" if self.pieces > 1 else ""
@@ -207,8 +220,9 @@ def backend(budget: object = DEFAULT_BUDGET, *, inner: str | None = None, **opti
 
 def remat_backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
     """The registered "remat" backend: settings from the environment (``REMAT_PASS_BUDGET``,
-    ``REMAT_PASS_BUDGET_KIND``, ``REMAT_PASS_ON_INFEASIBLE``, ``REMAT_PASS_INNER``; see the
-    module docstring), by default ``DEFAULT_BUDGET`` clamped where a graph cannot meet it, on Inductor."""
+    ``REMAT_PASS_BUDGET_KIND``, ``REMAT_PASS_ON_INFEASIBLE``, ``REMAT_PASS_INNER``,
+    ``REMAT_PASS_PLAN_CACHE``; see the module docstring), by default ``DEFAULT_BUDGET`` clamped where
+    a graph cannot meet it, on Inductor."""
     return RematBackend(**settings_from_environment())(gm, example_inputs)
 
 
@@ -231,4 +245,6 @@ def settings_from_environment(environ: dict[str, str] | None = None) -> dict[str
             raise ValueError(f"{name}={value!r}: must be one of {', '.join(member.value for member in allowed)}")
     if inner is not None and inner not in INNER_COMPILERS:
         raise ValueError(f"{ENV_INNER}={inner!r}: must be one of {', '.join(INNER_COMPILERS)}")
-    return {"budget": budget, "budget_kind": kind, "on_infeasible": on_infeasible, "inner": inner}
+    plan_cache = plan_cache_from_text(env.get(ENV_PLAN_CACHE, ""))
+    return {"budget": budget, "budget_kind": kind, "on_infeasible": on_infeasible, "inner": inner,
+            "plan_cache": plan_cache}

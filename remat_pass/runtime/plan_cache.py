@@ -9,9 +9,17 @@ stored: ``PlanCache(directory)`` keeps one small JSON file per key, where the ke
   except measured recompute costs (below);
 * the planning inputs, every field of ``PlanOptions`` (budget, budget kind, solver, device
   profile, time limit, solver options, offload, what to do when a budget is infeasible);
-* the versions of remat_pass and torch (a new release may plan differently).
+* the versions of remat_pass and torch (a new release may plan differently), and a digest of
+  remat_pass's own source files (an edited checkout plans with its own code, never a stale plan).
 
 Any change of these is a miss and a new solve.
+
+Where it lives: on by default, in ``~/.cache/remat_pass/plans`` (``$XDG_CACHE_HOME/remat_pass/plans``
+where that is set: ``default_directory``), for
+``optimize``, ``backend``, ``plan``, ``explain`` and the registered "remat" backend alike, so a new
+``RematModule``, a recompile, or a second process planning the same graph under the same inputs
+reuses the plan. ``plan_cache=`` chooses: a directory or a ``PlanCache`` (that one), ``True`` (the
+default directory), ``False`` or ``None`` (no cache: every graph is solved).
 
 Measured costs (``costs="measure"``, ``op_timing``) jitter from run to run, so a key with them
 in it would never hit again. A measured problem is keyed by its structure alone (every field but
@@ -31,14 +39,16 @@ checked and re-priced against this run's problem:
 Quantizing the measured costs into the key was the alternative; it was not taken because a
 graph has hundreds of ops, and one of them jittering across a bucket edge is a miss. Hits and misses are logged at INFO and counted
 (``cache.hits``, ``cache.misses``). A file that cannot be read is a miss (and is overwritten);
-a file that cannot be written is a warning, never a failed step. Pass the cache (or a directory)
-to ``optimize(..., plan_cache=...)`` or ``backend(..., plan_cache=...)``.
+a file that cannot be written is a warning, never a failed step. The files are small (a
+plan's value ids and numbers: a few KB to a few hundred KB) and never cleaned up: delete the
+directory to empty it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import hashlib
 import json
 import logging
@@ -56,6 +66,18 @@ from remat_pass.solvers.status import CLOSED_GAP, Status, relative_gap
 logger = logging.getLogger(__name__)
 
 FORMAT = 1
+
+DEFAULT_DIRECTORY: Path | None = None
+"""Where plans are cached unless told otherwise (``plan_cache=True``, the front doors' default);
+None: ``remat_pass/plans`` in the user's cache directory (``default_directory``)."""
+
+
+def default_directory() -> Path:
+    """``$XDG_CACHE_HOME/remat_pass/plans``, ``~/.cache/remat_pass/plans`` where that is unset
+    (the XDG convention for a user's caches), or ``DEFAULT_DIRECTORY`` when set."""
+    if DEFAULT_DIRECTORY is not None:
+        return Path(DEFAULT_DIRECTORY).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "remat_pass" / "plans"
 
 
 def _version(package: str) -> str:
@@ -101,7 +123,21 @@ def problem_digest(problem: Problem) -> str:
 def _planning_inputs(options: Any) -> dict[str, Any]:
     """Every field of ``PlanOptions`` but the cache itself, and the versions that plan."""
     fields = {f.name: _canonical(getattr(options, f.name)) for f in dataclasses.fields(options) if f.name != "plan_cache"}
-    return {**fields, "remat_pass": _version("remat-pass"), "torch": _version("torch"), "format": FORMAT}
+    return {**fields, "remat_pass": _version("remat-pass"), "torch": _version("torch"), "format": FORMAT,
+            "code": code_digest()}
+
+
+@functools.lru_cache(maxsize=1)
+def code_digest() -> str:
+    """SHA-256 of remat_pass's and its planners' source files (read once per process, ~100 files)."""
+    from remat_pass import solvers
+
+    digest = hashlib.sha256()
+    for root in sorted({Path(__file__).parent, Path(solvers.__file__).parent}):
+        for path in sorted(root.rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 def cache_key(problem: Problem, options: Any) -> str:
@@ -227,13 +263,34 @@ def _checked_and_repriced(plan: Plan, solved_seconds: list[float], bounded: bool
     return dataclasses.replace(plan, status=status, gap=gap)
 
 
-def as_plan_cache(value: PlanCache | str | os.PathLike[str] | None) -> PlanCache | None:
-    """A ``PlanCache`` from a cache or a directory; None stays None (no caching)."""
-    if value is None or isinstance(value, PlanCache):
+_DEFAULT_CACHES: dict[Path, PlanCache] = {}
+
+OFF_WORDS = ("off", "0", "false", "no", "none")
+"""What turns the cache off where it is named by a string (``--plan-cache``, ``REMAT_PASS_PLAN_CACHE``)."""
+
+
+def from_text(text: str) -> str | bool:
+    """A plan cache named by a string: "" the default (True), one of ``OFF_WORDS`` none (False),
+    anything else a directory."""
+    text = text.strip()
+    return True if not text else False if text.lower() in OFF_WORDS else text
+
+
+def as_plan_cache(value: PlanCache | str | os.PathLike[str] | bool | None) -> PlanCache | None:
+    """A ``PlanCache`` from a cache or a directory; ``True`` is the one in ``DEFAULT_DIRECTORY``
+    (one object per process, so its ``hits``/``misses`` count every front door's); ``False`` and
+    None are no caching."""
+    if value is None or value is False:
+        return None
+    if isinstance(value, PlanCache):
         return value
+    if value is True:
+        directory = default_directory()
+        return _DEFAULT_CACHES.setdefault(directory, PlanCache(directory))
     if isinstance(value, (str, os.PathLike)):
         return PlanCache(Path(value))
-    raise TypeError(f"plan_cache must be a PlanCache, a directory path or None, got {type(value).__name__}")
+    raise TypeError(f"plan_cache must be a PlanCache, a directory path, True, False or None, got {type(value).__name__}")
 
 
-__all__ = ["PlanCache", "as_plan_cache", "cache_key", "problem_digest"]
+__all__ = ["DEFAULT_DIRECTORY", "OFF_WORDS", "PlanCache", "from_text", "as_plan_cache", "cache_key", "code_digest", "default_directory",
+           "problem_digest"]

@@ -136,7 +136,12 @@ def _add_explain_parser(subparsers: Any) -> None:
     sub.add_argument("--depth", type=_positive_int, default=None,
                      help="sum modules to their first N path parts (2: 'blocks.0'); default: innermost")
     sub.add_argument("--time-limit", type=_positive_float, default=None,
-                     help="seconds a planner may spend (default: the planners' own, 60)")
+                     help="seconds a planner may spend, proving included (default: 5, no proof work)")
+    sub.add_argument("--plan-cache", default=None, metavar="DIR",
+                     help="where solved plans are cached (default ~/.cache/remat_pass/plans), or 'off'")
+    sub.add_argument("--prove", action="store_true",
+                     help="do the proof work (exact rows, the any-schedule bound) within --time-limit "
+                     "(default 60 with --prove): a tighter proven gap, planning takes the limit")
     sub.add_argument("--budget-kind", choices=("auto", "saved", "peak"), default="auto",
                      help="what the budget bounds: saved bytes or the step's peak (auto: a fraction bounds "
                      "saved bytes, a size the peak)")
@@ -234,6 +239,12 @@ def _run_explain(args: argparse.Namespace) -> int:
     options: dict[str, Any] = {"budget_kind": args.budget_kind}
     if args.time_limit is not None:
         options["time_limit"] = args.time_limit
+    if args.prove:
+        options["prove"] = True
+    if args.plan_cache is not None:
+        from remat_pass.runtime.plan_cache import from_text
+
+        options["plan_cache"] = from_text(args.plan_cache)
     try:
         with _stdout_to_stderr():
             traced = trace_step(model, inputs, loss_fn=loss_fn, device=args.device, costs=args.costs)
@@ -297,7 +308,7 @@ def _explain_plots(traced: Any, explanation: Any, budget: Any, solver: str, fold
 
     budgets = DEFAULT_BUDGETS if budget.fraction in DEFAULT_BUDGETS else (*DEFAULT_BUDGETS, budget)
     # the trade-off curve is over saved bytes, whatever the budget of the explained plan bounds
-    sweep_options = {k: v for k, v in options.items() if k != "budget_kind"}
+    sweep_options = {k: v for k, v in options.items() if k not in ("budget_kind", "prove", "plan_cache")}
     curve = sweep_traced(traced, budgets, solver, **sweep_options)
     written = [str(plot_pareto(curve, folder / "pareto.png", highlight=explanation.plan))]
     series = memory_timeline(explanation.plan)

@@ -23,7 +23,8 @@ from torch import nn
 
 from ..planning.budget import parse_budget
 from ..annotate.costs import CostModel, DeviceProfile, parse_costs
-from ..planning.pipeline import DEFAULT_TIME_LIMIT, BudgetKind, LossFn, PlanOptions, TracedStep, plan_problem, trace_step
+from ..planning.pipeline import BudgetKind, LossFn, PlanOptions, TracedStep, plan_problem, planning_effort, trace_step
+from ..runtime.plan_cache import as_plan_cache
 from .report import PlanReport
 
 Explanation = PlanReport
@@ -43,14 +44,17 @@ def explain_traced(
     """``explain`` for a step already traced (``trace_step``); raises BudgetInfeasibleError.
 
     The budget means what it means for ``optimize`` (``budget_kind``: a fraction bounds saved
-    bytes, an absolute size the step's peak, unless told otherwise).
+    bytes, an absolute size the step's peak, unless told otherwise). ``time_limit`` and ``prove``
+    (in ``solver_options``) as for ``optimize``: by default 5 s and no proof work; ``plan_cache``
+    too (by default ``~/.cache/remat_pass/plans``; ``False`` for none).
     """
     parsed = parse_budget(budget)
     if depth is not None and depth < 1:
         raise ValueError(f"depth must be a positive number of path parts or None, got {depth}")
-    time_limit = solver_options.pop("time_limit", DEFAULT_TIME_LIMIT)
+    time_limit, prove = planning_effort(solver_options.pop("time_limit", None), solver_options.pop("prove", None))
+    cache = as_plan_cache(solver_options.pop("plan_cache", True))
     options = PlanOptions(parsed, solver, traced.problem.device, time_limit, budget_kind, solver_options,
-                          offload=offload)
+                          offload=offload, prove=prove, plan_cache=cache)
     plan = plan_problem(traced.problem, options).plan
     return PlanReport(plan, traced.step_flops, traced.forward_seconds, traced.pieces, budget=parsed, depth=depth)
 

@@ -67,7 +67,7 @@ from .mirrored_blocks import MirroredRows, mirrored_pairs, shadowed_steps
 from .fit_overshoot import fit_cheaper
 from .rows import PeakRows, cuts_at
 from .cap_repair_rows import plans_from_cap
-from .schedule_bound import any_schedule_bound_by
+from .schedule_bound import any_schedule_bound_by, saved_bytes_floor
 from ..problem import Plan, Problem
 from ..registry import Decision, planner
 from ..status import DEFAULT_TIME_LIMIT, BudgetKind, Status, relative_gap
@@ -102,6 +102,9 @@ EXACT_ROUND_MIN = 0.5  # no round starts with less time than this left
 # relaxation's plan runs out of other places to peak: HF BERT's second round did not).
 EXACT_PROGRESS = 0.01
 EXACT_PATIENCE = 3
+# prove=False: step rows (tied, relaxed) only up to this many backward steps per second of the limit, as
+# their builds are not interrupted (48-layer scaling GPT, 4054 steps: 6-8 s tied, 20-30 s relaxed here);
+FAST_ROWS_STEPS_PER_SECOND, SAVED_FLOOR_SHARE = 300, 0.1  # the last tenth for ``saved_bytes_floor``
 # A plan this close (relative) to the proven lower bound is called optimal.
 PROVEN_GAP = 1e-6
 
@@ -134,6 +137,7 @@ def solve_peak(
     host_budget_bytes: int | None = None,
     exact_share: float = EXACT_SHARE,
     exact_backend: str = "auto",
+    prove: bool = True,
 ) -> Decision:
     """The least recompute time whose simulated activation peak is at most ``budget_bytes``.
 
@@ -157,6 +161,8 @@ def solve_peak(
     interrupted, so a deep model may run a little past it).
     When nothing fits, a fixed probe of the trade-off curve follows (``PROBE_TIME_LIMIT`` per
     cap), so that the smallest budget the error states is one a plan was found for.
+    ``prove=False`` skips the proof work (exact rows, any-schedule bound); the gap is then the
+    relaxation's (not built above ``FAST_ROWS_STEPS_PER_SECOND``) or the saved-bytes one, the higher.
     """
     began = time.perf_counter()
     ends = began + time_limit
@@ -166,9 +172,10 @@ def solve_peak(
         return _finish(keep_all, keep_all_memory, Status.OPTIMAL, 0.0)
     if cap_solver not in ("ilp", "fast", "ilp_offload"):
         raise ValueError(f"cap_solver must be 'ilp', 'fast' or 'ilp_offload', got {cap_solver!r}")
-    searches_end = ends - (FIT_SHARE + ANY_SCHEDULE_SHARE) * time_limit
+    bound_share = ANY_SCHEDULE_SHARE if prove else SAVED_FLOOR_SHARE
+    searches_end = ends - (FIT_SHARE + bound_share) * time_limit
     search = _Search(problem, budget_bytes, resolve_backend(backend), searches_end, threads, cap_solver)
-    search.exact_backend = exact_backend_for(exact_backend, search.backend)
+    search.exact_backend = exact_backend_for(exact_backend, search.backend) if prove else search.backend  # import: 1-3 s
     search.host_budget_bytes = host_budget_bytes
     if not 0.0 <= exact_share <= 1.0:
         raise ValueError(f"exact_share must be a fraction of the time limit in [0, 1], got {exact_share!r}")
@@ -178,23 +185,25 @@ def solve_peak(
     bound: float | None = None
     # Identical blocks tied, then the saved-bytes caps (quick ILPs): plans near the budget before the
     # untied peak-row MIPs, which on deep models can take the limit (round 9's 12-layer Llama: ~40 s, no plan).
-    if cap_solver == "ilp":
+    rows = prove or len(problem.backward_steps) <= FAST_ROWS_STEPS_PER_SECOND * time_limit
+    if cap_solver == "ilp" and rows:
         search.with_mirrored_rows(time_limit)
     search.over_saved_cap(keep_all_memory, until=began + CAP_SHARE * time_limit if cap_solver == "ilp" else None)
     if cap_solver == "ilp":
-        bound = search.with_step_rows(CUT_ROUNDS)
+        if rows:  # without the exact rows, its relaxation is the only proof: more time for it
+            bound = search.with_step_rows(CUT_ROUNDS, share=1 / 3 if prove else 1 / 2)
         if search._left() > 0.1:  # the cap search resumed with what is left (tried caps are remembered)
             search.over_saved_cap(keep_all_memory)
         if search.overshooting_cap is not None and search._left() > 0.1:
             search.candidates += [_Candidate(*found) for found in plans_from_cap(
                 problem, budget_bytes, search.overshooting_cap, rounds, search.deadline, backend=search.backend,
                 threads=threads)]
-    if search.relaxed_plan is not None:
+    if search.relaxed_plan is not None and prove:
         bound = search.exact_rounds(search.relaxed_plan, bound, min(search._left(), exact_share * time_limit))
     if cap_solver == "ilp" and not search.proven_by(bound):  # the simulator's own local search
         search.polish(min(search._left(), LOCAL_SHARE * time_limit))
     # A plan that gives up kept values stays inside the peak model: none beats a proven optimum.
-    search.fit_cheaper(search.candidates, ends - ANY_SCHEDULE_SHARE * time_limit,
+    search.fit_cheaper(search.candidates, ends - bound_share * time_limit,
                        repair_kept=not search.proven_by(bound))
     fitting = [c for c in search.candidates if c.memory.peak_bytes <= budget_bytes]
     if not fitting:
@@ -208,9 +217,9 @@ def solve_peak(
     best = min(fitting, key=_rank)
     bound = None if best.plan.refreshed else bound  # the rows hold each recomputed value across its reads
     gap = relative_gap(best.plan.predicted_extra_seconds, bound)
-    if (gap is None or gap > PROVEN_GAP) and cap_solver != "ilp_offload":  # it bounds recompute only
+    if (gap is None or gap > PROVEN_GAP) and cap_solver != "ilp_offload":  # they bound recompute only
         floor = any_schedule_bound_by(problem, budget_bytes, backend=search.exact_backend, deadline=ends,
-                                      threads=threads)
+                                      threads=threads) if prove else saved_bytes_floor(problem, budget_bytes, ends)
         bound = max((b for b in (bound, floor) if b is not None), default=None)
         gap = relative_gap(best.plan.predicted_extra_seconds, bound)
     if gap is not None and gap <= PROVEN_GAP:
@@ -330,7 +339,7 @@ class _Search:
                 cap = (fits_at + over_at) // 2
         self.overshooting_cap = over_at if fits_at is not None and over_at is not None else None
 
-    def with_step_rows(self, rounds: int) -> float | None:
+    def with_step_rows(self, rounds: int, share: float = 1 / 3) -> float | None:
         """Plans from the ILP with a valid peak row per backward interval (``rows``).
 
         First the relaxation (storages rounded down, exact seconds as the objective): its bound
@@ -341,7 +350,7 @@ class _Search:
         problem, rounding = self.problem, rounding_for(self.problem)
         seconds, unit = time_weights(problem)
         relaxed = rounding.optimistic()
-        outcome = solve_once(problem, None, rounding=relaxed, weights=seconds, time_limit=max(self._left() / 3, 0.1),
+        outcome = solve_once(problem, None, rounding=relaxed, weights=seconds, time_limit=max(self._left() * share, 0.1),
                              backend=self.backend, threads=self.threads,
                              extension=PeakRows(problem, self.budget, relaxed), isolate=True)
         if outcome.status == "infeasible":
