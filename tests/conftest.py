@@ -30,7 +30,7 @@ def _fresh_dynamo():
 def _plan_cache_in_a_temporary_directory(tmp_path_factory):
     """The plan cache is on by default (in ``~/.cache/remat_pass/plans``): the tests never write
     there. Session fixtures plan into one temporary directory, each test into its own (below)."""
-    from remat_pass import plan_cache
+    from remat_pass.runtime import plan_cache
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(plan_cache, "DEFAULT_DIRECTORY", tmp_path_factory.mktemp("plan_cache"))
@@ -41,7 +41,7 @@ def _plan_cache_in_a_temporary_directory(tmp_path_factory):
 @pytest.fixture(autouse=True)
 def _fresh_plan_cache(tmp_path_factory, monkeypatch):
     """No plan solved by one test is served to another from the default cache."""
-    from remat_pass import plan_cache
+    from remat_pass.runtime import plan_cache
 
     monkeypatch.setattr(plan_cache, "DEFAULT_DIRECTORY", tmp_path_factory.mktemp("plan_cache"))
 

@@ -267,8 +267,8 @@ def saved_bytes_floor(problem: Problem, budget_bytes: int, deadline: float) -> f
     that saved-bytes cap bounds them all (a value made again costs more than made once). Cheap where
     the any-schedule bound is not: 0.4 s on a 12-layer HF GPT-2 at checkpointing's peak, there the
     peak rows' relaxation's bound itself (0.561 s of recompute against the plan's 0.680 s)."""
-    from .errors import BudgetInfeasibleError, SolverError
-    from .fast import solve_fast
+    from ..errors import BudgetInfeasibleError, SolverError
+    from ..fast import solve_fast
 
     seconds = deadline - time.perf_counter()
     if seconds <= 0.1:
