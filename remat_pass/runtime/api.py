@@ -68,7 +68,8 @@ class _Settings:
 
 # Per-instance state that is rebuilt, never copied or pickled: it holds a lock, compiled code and
 # plans for graphs that a copy has not compiled.
-_TRANSIENT = ("_backend", "_compiled", "_plans", "_key_of", "_last_ran", "_calls", "_signature", "forward")
+_TRANSIENT = ("_backend", "_compiled", "_plans", "_key_of", "_last_ran", "_calls", "_signature", "forward",
+              "_warmed_up")
 
 
 class RematModule(nn.Module):
@@ -110,6 +111,7 @@ class RematModule(nn.Module):
         self._key_of: dict[int, PlanKey] = {}  # id(plan) -> the key of the call it was made for
         self._last_ran: tuple[Plan, ...] = ()  # the plans of the graph pieces the last call ran
         self._calls = threading.local()  # .ran: the plans of the graphs this thread's call ran
+        self._warmed_up = False  # one no_grad warm-up forward ran for a first-call lock or hooks
         self._backend = RematBackend(
             settings.budget, inner=settings.inner, solver=settings.solver, device=settings.device,
             time_limit=settings.time_limit, budget_kind=settings.budget_kind, free_inputs=settings.fullgraph,
@@ -191,12 +193,12 @@ class RematModule(nn.Module):
         try:
             return self._call_compiled(args, kwargs)
         except CaptureError as error:
-            if not _is_first_call_setup(error) or getattr(self, "_warmed_up", False):
+            if not _is_first_call_setup(error) or self._warmed_up:
                 raise
         # Hugging Face models install their output-capturing hooks (under a threading lock) on the
         # first forward that asks for them, which dynamo cannot trace; one forward without grad
         # installs them. Safe: buffers and RNG state are restored, nothing is recorded for backward.
-        object.__setattr__(self, "_warmed_up", True)
+        self._warmed_up = True
         logger.warning("%s: forward enters a lock or registers hooks, which dynamo cannot trace (Hugging Face "
                        "models install hooks on their first call): ran one warm-up forward under no_grad "
                        "(buffers and RNG state restored) and capturing again", type(self.module).__name__)
