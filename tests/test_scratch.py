@@ -115,6 +115,26 @@ def test_meta_tensors_get_the_documented_estimate():
     assert backward.meta["remat"].scratch_bytes == 2 * activation + weight
 
 
+def test_a_meta_model_traced_as_fake_cpu_is_estimated_without_running_a_kernel(monkeypatch):
+    """plan() traces a meta model as fake CPU tensors: no kernel may run (at a 70B model's shapes
+    that took minutes), every scratch is the estimate."""
+    from remat_pass.annotate import scratch as scratch_module
+    from remat_pass.planning.plan_model import traceable
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("a kernel ran on a step traced from fake tensors")
+
+    monkeypatch.setattr(scratch_module, "_measure_or_estimate", refuse)
+    model, images = TinyCNN().to("meta"), _images("meta")
+    with traceable(model, (images,)) as fake_inputs:
+        traced = trace_step(model, fake_inputs)
+    (piece,) = traced.annotated
+    assert piece.joint.step_inputs.are_fake()
+    conv2 = _node(piece, aten.convolution.default, 1)
+    activation, weight = BATCH * CHANNELS * SIDE * SIDE * 4, CHANNELS * CHANNELS * 9 * 4
+    assert traced.problem.values[piece.nodes.index(conv2)].scratch_bytes == 2 * activation + weight
+
+
 def test_scratch_counts_while_its_op_runs_not_beside_recomputation():
     """x -> a -> b; backward: step 0 reads b (scratch 50), step 1 reads a (scratch 70).
     a's kernel takes 30 bytes of scratch; all storages 100 bytes."""

@@ -108,7 +108,8 @@ def annotate(joint: JointGraph, device: str | DeviceProfile = AUTO, *, free_inpu
     backward_nodes |= derived_in_backward(graph, backward_nodes, joint.num_fwd_outputs)
     drop_running_stats_from_backward(backward_nodes)  # see remat_pass.annotate.batch_norm
     measured = measured_seconds(graph, joint.step_inputs, backward_nodes) if parse_costs(costs) == "measure" else {}
-    scratch = kernel_scratch(graph, _graph_outputs(graph)[joint.num_fwd_outputs :])  # measured, or estimated on meta
+    fake_step = joint.step_inputs is not None and joint.step_inputs.are_fake()
+    scratch = kernel_scratch(graph, _graph_outputs(graph)[joint.num_fwd_outputs :], estimate=fake_step)
     storages = _StorageTable()
     values: list[Value] = []
     value_nodes: list[fx.Node] = []
