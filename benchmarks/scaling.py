@@ -4,6 +4,7 @@ Run from the repository root::
 
     python -m benchmarks.scaling --layers 12,24,48,96 --budgets 0.1,0.3,0.5 --ilp-time-limit 600
     python -m benchmarks.scaling --llama70b
+    python -m benchmarks.scaling --llama405b
     python -m benchmarks.scaling --peak --layers 12,24,48
     python -m benchmarks.scaling --peak --layers 12,24,48 --peak-time-limit 0
     python -m benchmarks.scaling --first-call
@@ -260,9 +261,10 @@ def llama_model(layers: int, args: argparse.Namespace) -> nn.Module:
         from transformers import LlamaConfig, LlamaForCausalLM
     except ImportError as error:
         raise SystemExit("--llama70b needs Hugging Face transformers: pip install transformers") from error
-    config = LlamaConfig(vocab_size=32000, hidden_size=8192, intermediate_size=28672, num_hidden_layers=layers,
-                         num_attention_heads=64, num_key_value_heads=8, max_position_embeddings=args.llama_seq,
-                         use_cache=False, attn_implementation="sdpa")
+    config = LlamaConfig(vocab_size=args.llama_vocab, hidden_size=args.llama_hidden,
+                         intermediate_size=args.llama_intermediate, num_hidden_layers=layers,
+                         num_attention_heads=args.llama_heads, num_key_value_heads=8,
+                         max_position_embeddings=args.llama_seq, use_cache=False, attn_implementation="sdpa")
     with torch.device("meta"):
         model = LlamaForCausalLM(config).to(torch.bfloat16)
     return model.train()
@@ -304,8 +306,8 @@ def run_llama70b(args: argparse.Namespace) -> dict[str, Any]:
     depth = block_depth(problem)
     layer_rows = [r for r in plan.per_module(depth) if ".layers." in r.module]
     per_layer_keep_all = sorted(r.keep_all_bytes for r in layer_rows)[len(layer_rows) // 2] if layer_rows else 0
-    workload = dict(layers=args.llama_layers, hidden=8192, heads=64, seq=args.llama_seq, batch=1, ffn_hidden=28672,
-                    dtype="bf16")
+    workload = dict(layers=args.llama_layers, hidden=args.llama_hidden, heads=args.llama_heads, seq=args.llama_seq,
+                    batch=1, ffn_hidden=args.llama_intermediate, dtype="bf16")
     formula = {
         "none": layer_activation_bytes(Workload(**workload), Policy.NONE),
         "none_flash": layer_activation_bytes(Workload(**workload, flash_attention=True), Policy.NONE),
@@ -324,7 +326,7 @@ def run_llama70b(args: argparse.Namespace) -> dict[str, Any]:
         points[name] = {"kept_bytes": baseline.kept_bytes, "recompute_seconds": baseline.recompute_seconds,
                         "recompute_flops": baseline.recompute_flops}
     result = {
-        "layers": args.llama_layers, "seq": args.llama_seq, "values": len(problem.values), "pieces": made.pieces,
+        "layers": args.llama_layers, "seq": args.llama_seq, "hidden": args.llama_hidden, "values": len(problem.values), "pieces": made.pieces,
         "build_s": built - began, "trace_and_plan_s": planned - built, "solve_s": plan.solve_seconds,
         "max_rss_bytes": rss, "keep_all_bytes": keep_all, "budget_fraction": args.llama_budget,
         "plan": {"status": plan.status, "gap": plan.gap, "kept_bytes": plan.kept_bytes,
@@ -411,8 +413,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ablate-blocks", action="store_true",
                    help="also solve without ILP polish and refinement, with and without shared blocks")
     p.add_argument("--llama70b", action="store_true", help="plan the Llama-2-70B-shaped step instead of the sweep")
+    p.add_argument("--llama405b", action="store_true",
+                   help="Llama-3-405B's shapes instead (126 layers, hidden 16384, 128 heads, 8 KV heads, "
+                        "intermediate 53248, vocab 128256, sequence 8192)")
     p.add_argument("--llama-layers", type=int, default=80)
     p.add_argument("--llama-seq", type=int, default=4096)
+    p.add_argument("--llama-hidden", type=int, default=8192)
+    p.add_argument("--llama-heads", type=int, default=64)
+    p.add_argument("--llama-intermediate", type=int, default=28672)
+    p.add_argument("--llama-vocab", type=int, default=32000)
     p.add_argument("--llama-budget", type=float, default=0.2, help="fraction of keep-all (default 0.2: a 5x cut)")
     p.add_argument("--peak", action="store_true",
                    help="the peak planner at per-block checkpointing's simulated peak, per depth, instead of the sweep")
@@ -432,11 +441,16 @@ def main(argv: list[str] | None = None) -> None:
     command = "python -m benchmarks.scaling " + " ".join(sys.argv[1:] if argv is None else argv)
     meta = {"command": command, "torch": torch.__version__, "python": platform.python_version(),
             "machine": platform.machine(), "threads": torch.get_num_threads()}
+    if args.llama405b:
+        args.llama70b = True
+        args.llama_layers, args.llama_hidden, args.llama_heads, args.llama_intermediate = 126, 16384, 128, 53248
+        args.llama_vocab, args.llama_seq = 128256, 8192
     if args.llama70b:
+        name = "llama405b" if args.llama405b else "llama70b"
         result = run_llama70b(args)
-        (args.out / "llama70b.json").write_text(json.dumps({**meta, **result}, indent=2))
-        (args.out / "llama70b.md").write_text(llama_markdown(result, command))
-        print(f"wrote {args.out / 'llama70b.md'}")
+        (args.out / f"{name}.json").write_text(json.dumps({**meta, **result}, indent=2))
+        (args.out / f"{name}.md").write_text(llama_markdown(result, command))
+        print(f"wrote {args.out / (name + '.md')}")
         return
     if args.first_call:
         rows = run_first_call(args)

@@ -73,6 +73,10 @@ def _cut(labels: Sequence[int | None], traced: int, descending: bool) -> _Runs:
             seen = []
             groups.append(None)
             continue
+        if seen and (label >= seen[-1] if descending else label <= seen[-1]):  # the blocks start again
+            if seen != expected:
+                raise StampRefused(f"blocks' runs {seen} are not in block order {expected}")
+            seen = []
         if not seen:
             group += 1
         seen.append(label)
