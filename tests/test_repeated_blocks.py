@@ -141,6 +141,31 @@ def test_blocks_of_other_shapes_or_with_hooks_are_traced_whole(caplog):
     assert "block 3 has hooks" in _refused(hooked, caplog)
 
 
+def test_gemma_alternating_sliding_window_layers_are_refused_before_tracing():
+    transformers = pytest.importorskip("transformers")
+    for config in (transformers.Gemma2Config, transformers.Gemma3TextConfig):
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(config(
+                vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=LAYERS, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, sliding_window=16))
+        assert repeated_stack(model) is None  # each layer's attention_type / sliding_window differs
+
+
+@pytest.mark.slow
+def test_mixtral_stamps_to_the_traced_problem():
+    """Mixtral's layers are alike and its traced expert routing is the same graph in every layer:
+    it passes the check, and the stamped Problem is the traced one."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.MixtralConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
+                                        num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
+                                        num_local_experts=4, max_position_embeddings=32)
+    with torch.device("meta"):
+        model = _HFStep(transformers.AutoModelForCausalLM.from_config(config).train())
+    inputs = (torch.zeros(1, 32, dtype=torch.long, device="meta"),)
+    full, stamped = _traced(model, inputs, stamped=False), _traced(model, inputs, stamped=True)
+    assert not stamped.annotated and without_names(stamped.problem) == without_names(full.problem)
+
+
 def test_a_stack_too_shallow_to_gain_is_traced_whole():
     model, _ = _gpt(repeated_blocks.MIN_DEPTH - 1)
     assert repeated_stack(model) is None
