@@ -8,6 +8,7 @@ Run from the repository root::
     python -m benchmarks.scaling --peak --layers 12,24,48
     python -m benchmarks.scaling --peak --layers 12,24,48 --peak-time-limit 0
     python -m benchmarks.scaling --first-call
+    python -m benchmarks.scaling --one-call /tmp/plans    # twice: a cached re-plan in a new process
     python -m benchmarks.scaling --help
 
 Depth sweep: GPT-style decoders (``remat_pass.examples.GPT``: hidden 768, 12 heads, sequence 1024,
@@ -196,6 +197,33 @@ def run_first_call(args: argparse.Namespace) -> list[dict[str, Any]]:
     for row in rows:
         row["recompute_over_default"] = _ratio(row["recompute_seconds"], rows[0]["recompute_seconds"])
     return rows
+
+
+def run_one_call(args: argparse.Namespace) -> dict[str, Any]:
+    """One first call of ``optimize`` on ``--first-call``'s model and budget in this (fresh) process,
+    against the plan cache in ``--one-call``'s directory: run it twice for a cached re-plan in a new
+    process; delete the directory's ``scratch`` folder between to see what the stored kernel scratch saves."""
+    import remat_pass
+    from remat_pass.runtime.plan_cache import PlanCache
+
+    from .models import LossOf, hf_model
+    from .vs_checkpoint import measured_step
+
+    torch.manual_seed(0)
+    vocab, seq, layers, hidden = 1024, 512, 12, 768
+    tokens = torch.randint(0, vocab, (1, seq))
+    model = LossOf(hf_model("gpt2", layers, hidden, seq, vocab), torch.randint(0, vocab, (1, seq))).train()
+    model.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    budget = measured_step(model, model, tokens)["peak_bytes"]
+    model.model.activation_checkpointing_disable()
+    cache = PlanCache(args.one_call)
+    began = time.perf_counter()
+    plan = remat_pass.optimize(model, budget, budget_kind="peak", example_inputs=(tokens,), plan_cache=cache).plan
+    row = {"cache_hits": cache.hits, "first_call_s": time.perf_counter() - began, "status": plan.status,
+           "gap": plan.gap, "recompute_seconds": plan.recompute_seconds, "budget_bytes": budget}
+    print(f"one call: {row['first_call_s']:.1f}s, {cache.hits} hit(s), recompute {plan.recompute_seconds:.6g}s, "
+          f"{plan.status}, gap {plan.gap}", flush=True)
+    return row
 
 
 def _ratio(part: float, whole: float) -> float | None:
@@ -431,6 +459,8 @@ def parser() -> argparse.ArgumentParser:
                    help="the first call of optimize on a 12-layer HF GPT-2 under a peak budget, end to end")
     p.add_argument("--first-call-limits", type=_floats, default=[60.0],
                    help="explicit time limits to compare with the default (default 60)")
+    p.add_argument("--one-call", type=Path, default=None, metavar="CACHE_DIR",
+                   help="one first call of optimize (--first-call's model) against the plan cache in CACHE_DIR")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return p
 
@@ -451,6 +481,9 @@ def main(argv: list[str] | None = None) -> None:
         (args.out / f"{name}.json").write_text(json.dumps({**meta, **result}, indent=2))
         (args.out / f"{name}.md").write_text(llama_markdown(result, command))
         print(f"wrote {args.out / (name + '.md')}")
+        return
+    if args.one_call is not None:
+        run_one_call(args)
         return
     if args.first_call:
         rows = run_first_call(args)
