@@ -158,6 +158,22 @@ def run_peak(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+def _first_call_model() -> tuple[nn.Module, torch.Tensor, int]:
+    """The first-call model (12-layer HF GPT-2, h768, s512, loss inside), its tokens, and Hugging
+    Face checkpointing's measured peak as the budget."""
+    from .models import LossOf, hf_model
+    from .vs_checkpoint import measured_step
+
+    torch.manual_seed(0)
+    vocab, seq, layers, hidden = 1024, 512, 12, 768
+    tokens = torch.randint(0, vocab, (1, seq))
+    model = LossOf(hf_model("gpt2", layers, hidden, seq, vocab), torch.randint(0, vocab, (1, seq))).train()
+    model.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    budget = measured_step(model, model, tokens)["peak_bytes"]
+    model.model.activation_checkpointing_disable()
+    return model, tokens, budget
+
+
 def run_first_call(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The first call of ``optimize`` on a 12-layer Hugging Face GPT-2 (h768, s512, batch 1, eager
     attention, no dropout, loss inside the step) under a peak budget, Hugging Face checkpointing's
@@ -169,16 +185,7 @@ def run_first_call(args: argparse.Namespace) -> list[dict[str, Any]]:
     import remat_pass
     from remat_pass.runtime.plan_cache import PlanCache
 
-    from .models import LossOf, hf_model
-    from .vs_checkpoint import measured_step
-
-    torch.manual_seed(0)
-    vocab, seq, layers, hidden = 1024, 512, 12, 768
-    tokens = torch.randint(0, vocab, (1, seq))
-    model = LossOf(hf_model("gpt2", layers, hidden, seq, vocab), torch.randint(0, vocab, (1, seq))).train()
-    model.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    budget = measured_step(model, model, tokens)["peak_bytes"]
-    model.model.activation_checkpointing_disable()
+    model, tokens, budget = _first_call_model()
     rows = []
     directory = tempfile.mkdtemp(prefix="remat_plans_")  # a cache of its own: the first call is a miss
     for limit, cached in ((None, False), *((limit, False) for limit in args.first_call_limits), (None, True)):
@@ -206,16 +213,7 @@ def run_one_call(args: argparse.Namespace) -> dict[str, Any]:
     import remat_pass
     from remat_pass.runtime.plan_cache import PlanCache
 
-    from .models import LossOf, hf_model
-    from .vs_checkpoint import measured_step
-
-    torch.manual_seed(0)
-    vocab, seq, layers, hidden = 1024, 512, 12, 768
-    tokens = torch.randint(0, vocab, (1, seq))
-    model = LossOf(hf_model("gpt2", layers, hidden, seq, vocab), torch.randint(0, vocab, (1, seq))).train()
-    model.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    budget = measured_step(model, model, tokens)["peak_bytes"]
-    model.model.activation_checkpointing_disable()
+    model, tokens, budget = _first_call_model()
     cache = PlanCache(args.one_call)
     began = time.perf_counter()
     plan = remat_pass.optimize(model, budget, budget_kind="peak", example_inputs=(tokens,), plan_cache=cache).plan
