@@ -187,3 +187,13 @@ def test_plan_on_a_meta_model_uses_the_stamped_problem(caplog):
         plan = remat_pass.plan(model, inputs, budget=0.3, plan_cache=False)
     assert f"{LAYERS} blocks stamped from 4 traced" in caplog.text
     assert {v.module for v in plan.problem.values if v.module.startswith("blocks.")} >= {f"blocks.{LAYERS - 1}.attn"}
+
+
+def test_tracing_again_and_again_never_reaches_dynamos_recompile_limit():
+    """Every trace compiles a new loss wrapper (and stamping traces twice a plan): the wrapper's
+    compiled entries are dropped each time, so a process may plan any number of times."""
+    from remat_pass.compat import recompile_limit
+
+    model = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 1))
+    for _ in range(recompile_limit() + 2):
+        assert trace_step(model, (torch.randn(2, 8),), loss_fn=_output).problem.values
