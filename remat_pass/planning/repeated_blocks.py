@@ -1,7 +1,8 @@
 """Trace a deep stack of identical blocks once per block, not once per layer, for planning.
 
-Capture (Dynamo, AOTAutograd) and annotate cost about 0.8 s per Llama-2-70B-shaped layer on this
-machine, so an 80-layer step took over a minute to trace and a 126-layer one two. Where a model
+Capture (Dynamo, AOTAutograd) and annotate cost about 0.8 s per Llama-2-70B-shaped layer at 8
+layers on this machine, and more per layer deeper (AOTAutograd's joint trace grows faster than
+linearly): the 80-layer step took 218 s and 3.3 GiB to trace (benchmarks/SCALING.md). Where a model
 holds an ``nn.ModuleList`` of identical blocks (``repeated_stack``: one class, the same
 parameter and buffer shapes, the same attributes but for the layer index, no hooks), the step
 is traced with the first 3 and the first 4 blocks only, and the 4-block Problem is stamped out to
@@ -28,6 +29,7 @@ from torch import fx, nn
 
 from ..annotate.annotate import BACKWARD, META_KEY
 from ..annotate.costs import CostModel, DeviceProfile, parse_costs
+from ..errors import CaptureError
 from .block_stamp import BlockLabels, StampRefused, stamp_problem, without_names
 from .tracing import LossFn, TracedStep, trace_step
 
@@ -122,10 +124,13 @@ def trace_repeated(
         return whole()
     try:
         shallow = {}
-        for blocks in (TRACED - 1, TRACED):
+        for blocks in (TRACED - 1, TRACED):  # the model's list swapped for a shorter one, put back after
             with _truncated(model, stack, blocks):
-                shallow[blocks] = trace_step(model, example_inputs, loss_fn, device, example_kwargs=example_kwargs,
-                                             costs=costs)
+                try:
+                    shallow[blocks] = trace_step(model, example_inputs, loss_fn, device,
+                                                 example_kwargs=example_kwargs, costs=costs)
+                except CaptureError as error:  # the whole model says it best, if it fails too
+                    raise StampRefused(f"{blocks} blocks could not be traced: {error}") from error
         path = stack.path  # paths in the Problem are the model's (trace_step strips its loss wrapper)
         labels = {k: block_labels(t, path, k) for k, t in shallow.items()}
         check = stamp_problem(shallow[TRACED - 1].problem, labels[TRACED - 1], TRACED - 1, TRACED, path)
