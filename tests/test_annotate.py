@@ -119,6 +119,41 @@ def test_module_paths_and_networkx_view():
     assert node.meta[META_KEY].phase in ("forward", "backward")
 
 
+class _GlobalSquare(nn.Module):
+    """A function wrapped in a module held by a global, as transformers 5.25's hub kernels wrap
+    ``apply_rotary_pos_emb``: not part of the model's module tree."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sin(x) * x
+
+
+GLOBAL_SQUARE = _GlobalSquare()
+
+
+class _CallsAGlobalModule(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return GLOBAL_SQUARE(self.layer(x))
+
+
+class _Wrapper(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.block = _CallsAGlobalModule()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.block(x).sum()
+
+
+def test_ops_of_a_global_module_belong_to_the_calling_module():
+    annotated = _annotated(_Wrapper(), torch.randn(3, 4))
+    sines = [v for v in annotated.problem.values if v.op.startswith("sin.")]
+    assert sines and all(v.module == "block" for v in sines)  # not "" (between blocks), as before
+
+
 @pytest.mark.parametrize("device", ["cpu", "h100"])
 def test_cost_model_prices_memory_bound_ops(device):
     annotated = _annotated(TwoLayer(), torch.randn(64, 4), device=device)

@@ -9,6 +9,7 @@ and those inherit their producers' (else consumers') module, so no value falls o
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import replace
 
 from torch import fx
@@ -29,10 +30,22 @@ def module_path(node: fx.Node) -> str:
     stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack")
     if not stack:
         return ""
-    raw = list(stack.values())[-1][0]
+    raw = _innermost_model_module(raw for raw, _type in stack.values())
     raw = re.sub(r"^L\[['\"]\w+['\"]\]\.?", "", raw)  # the root module, whatever its local name
     path = _MODULE_PATH_PARTS.sub(lambda m: "." + next(g for g in m.groups() if g is not None), raw)
     return path.strip(".").replace("..", ".")
+
+
+def _innermost_model_module(raws: Iterable[str]) -> str:
+    """The innermost module on the stack that is part of the traced model, skipping modules
+    Dynamo reached through a global (``G['…']``; the model's own are a local's, ``L['self'].…``).
+
+    transformers 5.25's hub kernels wrap functions such as Llama's ``apply_rotary_pos_emb`` in a
+    module held by a module-level global; the ops inside it belong to the layer that called it,
+    or a per-layer plan would treat them as code between blocks. "" (the root) when every entry
+    is a global's.
+    """
+    return next((raw for raw in reversed(list(raws)) if not raw.startswith("G[")), "")
 
 
 def fill_module_attribution(values: list[Value], nodes: list[fx.Node]) -> None:
