@@ -4,9 +4,11 @@ Run from the repository root::
 
     python -m benchmarks.scaling --layers 12,24,48,96 --budgets 0.1,0.3,0.5 --ilp-time-limit 600
     python -m benchmarks.scaling --llama70b
+    python -m benchmarks.scaling --llama405b
     python -m benchmarks.scaling --peak --layers 12,24,48
     python -m benchmarks.scaling --peak --layers 12,24,48 --peak-time-limit 0
     python -m benchmarks.scaling --first-call
+    python -m benchmarks.scaling --one-call /tmp/plans    # twice: a cached re-plan in a new process
     python -m benchmarks.scaling --help
 
 Depth sweep: GPT-style decoders (``remat_pass.examples.GPT``: hidden 768, 12 heads, sequence 1024,
@@ -156,6 +158,22 @@ def run_peak(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+def _first_call_model() -> tuple[nn.Module, torch.Tensor, int]:
+    """The first-call model (12-layer HF GPT-2, h768, s512, loss inside), its tokens, and Hugging
+    Face checkpointing's measured peak as the budget."""
+    from .models import LossOf, hf_model
+    from .vs_checkpoint import measured_step
+
+    torch.manual_seed(0)
+    vocab, seq, layers, hidden = 1024, 512, 12, 768
+    tokens = torch.randint(0, vocab, (1, seq))
+    model = LossOf(hf_model("gpt2", layers, hidden, seq, vocab), torch.randint(0, vocab, (1, seq))).train()
+    model.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    budget = measured_step(model, model, tokens)["peak_bytes"]
+    model.model.activation_checkpointing_disable()
+    return model, tokens, budget
+
+
 def run_first_call(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The first call of ``optimize`` on a 12-layer Hugging Face GPT-2 (h768, s512, batch 1, eager
     attention, no dropout, loss inside the step) under a peak budget, Hugging Face checkpointing's
@@ -167,16 +185,7 @@ def run_first_call(args: argparse.Namespace) -> list[dict[str, Any]]:
     import remat_pass
     from remat_pass.runtime.plan_cache import PlanCache
 
-    from .models import LossOf, hf_model
-    from .vs_checkpoint import measured_step
-
-    torch.manual_seed(0)
-    vocab, seq, layers, hidden = 1024, 512, 12, 768
-    tokens = torch.randint(0, vocab, (1, seq))
-    model = LossOf(hf_model("gpt2", layers, hidden, seq, vocab), torch.randint(0, vocab, (1, seq))).train()
-    model.model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    budget = measured_step(model, model, tokens)["peak_bytes"]
-    model.model.activation_checkpointing_disable()
+    model, tokens, budget = _first_call_model()
     rows = []
     directory = tempfile.mkdtemp(prefix="remat_plans_")  # a cache of its own: the first call is a miss
     for limit, cached in ((None, False), *((limit, False) for limit in args.first_call_limits), (None, True)):
@@ -195,6 +204,24 @@ def run_first_call(args: argparse.Namespace) -> list[dict[str, Any]]:
     for row in rows:
         row["recompute_over_default"] = _ratio(row["recompute_seconds"], rows[0]["recompute_seconds"])
     return rows
+
+
+def run_one_call(args: argparse.Namespace) -> dict[str, Any]:
+    """One first call of ``optimize`` on ``--first-call``'s model and budget in this (fresh) process,
+    against the plan cache in ``--one-call``'s directory: run it twice for a cached re-plan in a new
+    process; delete the directory's ``scratch`` folder between to see what the stored kernel scratch saves."""
+    import remat_pass
+    from remat_pass.runtime.plan_cache import PlanCache
+
+    model, tokens, budget = _first_call_model()
+    cache = PlanCache(args.one_call)
+    began = time.perf_counter()
+    plan = remat_pass.optimize(model, budget, budget_kind="peak", example_inputs=(tokens,), plan_cache=cache).plan
+    row = {"cache_hits": cache.hits, "first_call_s": time.perf_counter() - began, "status": plan.status,
+           "gap": plan.gap, "recompute_seconds": plan.recompute_seconds, "budget_bytes": budget}
+    print(f"one call: {row['first_call_s']:.1f}s, {cache.hits} hit(s), recompute {plan.recompute_seconds:.6g}s, "
+          f"{plan.status}, gap {plan.gap}", flush=True)
+    return row
 
 
 def _ratio(part: float, whole: float) -> float | None:
@@ -260,9 +287,10 @@ def llama_model(layers: int, args: argparse.Namespace) -> nn.Module:
         from transformers import LlamaConfig, LlamaForCausalLM
     except ImportError as error:
         raise SystemExit("--llama70b needs Hugging Face transformers: pip install transformers") from error
-    config = LlamaConfig(vocab_size=32000, hidden_size=8192, intermediate_size=28672, num_hidden_layers=layers,
-                         num_attention_heads=64, num_key_value_heads=8, max_position_embeddings=args.llama_seq,
-                         use_cache=False, attn_implementation="sdpa")
+    config = LlamaConfig(vocab_size=args.llama_vocab, hidden_size=args.llama_hidden,
+                         intermediate_size=args.llama_intermediate, num_hidden_layers=layers,
+                         num_attention_heads=args.llama_heads, num_key_value_heads=8,
+                         max_position_embeddings=args.llama_seq, use_cache=False, attn_implementation="sdpa")
     with torch.device("meta"):
         model = LlamaForCausalLM(config).to(torch.bfloat16)
     return model.train()
@@ -304,8 +332,8 @@ def run_llama70b(args: argparse.Namespace) -> dict[str, Any]:
     depth = block_depth(problem)
     layer_rows = [r for r in plan.per_module(depth) if ".layers." in r.module]
     per_layer_keep_all = sorted(r.keep_all_bytes for r in layer_rows)[len(layer_rows) // 2] if layer_rows else 0
-    workload = dict(layers=args.llama_layers, hidden=8192, heads=64, seq=args.llama_seq, batch=1, ffn_hidden=28672,
-                    dtype="bf16")
+    workload = dict(layers=args.llama_layers, hidden=args.llama_hidden, heads=args.llama_heads, seq=args.llama_seq,
+                    batch=1, ffn_hidden=args.llama_intermediate, dtype="bf16")
     formula = {
         "none": layer_activation_bytes(Workload(**workload), Policy.NONE),
         "none_flash": layer_activation_bytes(Workload(**workload, flash_attention=True), Policy.NONE),
@@ -324,7 +352,7 @@ def run_llama70b(args: argparse.Namespace) -> dict[str, Any]:
         points[name] = {"kept_bytes": baseline.kept_bytes, "recompute_seconds": baseline.recompute_seconds,
                         "recompute_flops": baseline.recompute_flops}
     result = {
-        "layers": args.llama_layers, "seq": args.llama_seq, "values": len(problem.values), "pieces": made.pieces,
+        "layers": args.llama_layers, "seq": args.llama_seq, "hidden": args.llama_hidden, "values": len(problem.values), "pieces": made.pieces,
         "build_s": built - began, "trace_and_plan_s": planned - built, "solve_s": plan.solve_seconds,
         "max_rss_bytes": rss, "keep_all_bytes": keep_all, "budget_fraction": args.llama_budget,
         "plan": {"status": plan.status, "gap": plan.gap, "kept_bytes": plan.kept_bytes,
@@ -411,8 +439,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ablate-blocks", action="store_true",
                    help="also solve without ILP polish and refinement, with and without shared blocks")
     p.add_argument("--llama70b", action="store_true", help="plan the Llama-2-70B-shaped step instead of the sweep")
+    p.add_argument("--llama405b", action="store_true",
+                   help="Llama-3-405B's shapes instead (126 layers, hidden 16384, 128 heads, 8 KV heads, "
+                        "intermediate 53248, vocab 128256, sequence 8192)")
     p.add_argument("--llama-layers", type=int, default=80)
     p.add_argument("--llama-seq", type=int, default=4096)
+    p.add_argument("--llama-hidden", type=int, default=8192)
+    p.add_argument("--llama-heads", type=int, default=64)
+    p.add_argument("--llama-intermediate", type=int, default=28672)
+    p.add_argument("--llama-vocab", type=int, default=32000)
     p.add_argument("--llama-budget", type=float, default=0.2, help="fraction of keep-all (default 0.2: a 5x cut)")
     p.add_argument("--peak", action="store_true",
                    help="the peak planner at per-block checkpointing's simulated peak, per depth, instead of the sweep")
@@ -422,6 +457,8 @@ def parser() -> argparse.ArgumentParser:
                    help="the first call of optimize on a 12-layer HF GPT-2 under a peak budget, end to end")
     p.add_argument("--first-call-limits", type=_floats, default=[60.0],
                    help="explicit time limits to compare with the default (default 60)")
+    p.add_argument("--one-call", type=Path, default=None, metavar="CACHE_DIR",
+                   help="one first call of optimize (--first-call's model) against the plan cache in CACHE_DIR")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return p
 
@@ -432,11 +469,19 @@ def main(argv: list[str] | None = None) -> None:
     command = "python -m benchmarks.scaling " + " ".join(sys.argv[1:] if argv is None else argv)
     meta = {"command": command, "torch": torch.__version__, "python": platform.python_version(),
             "machine": platform.machine(), "threads": torch.get_num_threads()}
+    if args.llama405b:
+        args.llama70b = True
+        args.llama_layers, args.llama_hidden, args.llama_heads, args.llama_intermediate = 126, 16384, 128, 53248
+        args.llama_vocab, args.llama_seq = 128256, 8192
     if args.llama70b:
+        name = "llama405b" if args.llama405b else "llama70b"
         result = run_llama70b(args)
-        (args.out / "llama70b.json").write_text(json.dumps({**meta, **result}, indent=2))
-        (args.out / "llama70b.md").write_text(llama_markdown(result, command))
-        print(f"wrote {args.out / 'llama70b.md'}")
+        (args.out / f"{name}.json").write_text(json.dumps({**meta, **result}, indent=2))
+        (args.out / f"{name}.md").write_text(llama_markdown(result, command))
+        print(f"wrote {args.out / (name + '.md')}")
+        return
+    if args.one_call is not None:
+        run_one_call(args)
         return
     if args.first_call:
         rows = run_first_call(args)

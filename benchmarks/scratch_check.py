@@ -87,7 +87,7 @@ def check(device: torch.device, dtype: torch.dtype, fraction: float, emit: Calla
     budget = int(fraction * plan.predicted_peak_bytes)
     real = annotate_module.kernel_scratch
     for counted in (True, False):
-        annotate_module.kernel_scratch = real if counted else (lambda graph, uncounted=(): {})
+        annotate_module.kernel_scratch = real if counted else (lambda graph, uncounted=(), **_: {})
         try:
             plan, found = run(budget, budget_kind="peak", time_limit=20)
             emit({**tag, "plan": f"peak@{fraction}", "scratch_counted": counted, "budget": budget,

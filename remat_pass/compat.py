@@ -65,6 +65,15 @@ def recompile_limit_errors() -> tuple[type[BaseException], ...]:
     return (error,) if error is not None else ()
 
 
+def forget_compiled(fn: Any) -> None:
+    """Drop dynamo's compiled entries for ``fn``'s code (``torch._dynamo.reset_code``), so that
+    tracing it again and again (a new wrapper each time) never reaches the recompile limit; a
+    no-op where torch lacks it."""
+    reset = getattr(torch._dynamo, "reset_code", None)
+    if reset is not None:
+        reset(fn.__code__)
+
+
 def recompile_limit() -> int:
     """dynamo's recompile limit (``recompile_limit``; ``cache_size_limit`` before torch 2.6)."""
     import torch._dynamo.config
@@ -274,6 +283,6 @@ def _allocator_trace_events(trace: list[dict[str, Any]]) -> list[tuple[int, int,
 
 __all__ = [
     "PartitionerBase", "allocator_events", "concrete_int", "cuda_allocator_events", "extract_fwd_bwd_modules", "fake_tensor_mode",
-    "has_custom_partitioner", "is_fake", "is_symbolic", "real_tensors", "recompile_limit", "recompile_limit_errors",
+    "forget_compiled", "has_custom_partitioner", "is_fake", "is_symbolic", "real_tensors", "recompile_limit", "recompile_limit_errors",
     "use_boxed_codegen",
 ]

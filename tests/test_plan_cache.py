@@ -258,3 +258,18 @@ def test_the_default_directory_is_the_users_cache(monkeypatch, tmp_path):
     assert plan_cache_module.default_directory() == Path.home() / ".cache" / "remat_pass" / "plans"
     assert plan_cache_module.as_plan_cache(True) is plan_cache_module.as_plan_cache(True)
     assert plan_cache_module.as_plan_cache(False) is None and plan_cache_module.as_plan_cache(None) is None
+
+
+def test_a_changed_graph_with_the_same_parameters_and_inputs_misses(tmp_path):
+    """The key is the traced graph (its Problem), not the parameters' and inputs' shapes: a forward
+    with another op in it is a miss and trains with its own plan (never the stale one)."""
+    cache = PlanCache(tmp_path)
+    _step(cache)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), nn.Sigmoid(), nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 8))
+    inputs = (torch.randn(4, 8),)
+    compiled = torch.compile(model, backend=remat_pass.backend(0.5, plan_cache=cache))
+    stepped = run_step(model, compiled, inputs, _loss)
+    assert cache.stats == {"hits": 0, "misses": 2} and len(list(tmp_path.glob("*.json"))) == 2
+    assert_same_step(stepped, eager_reference(model, inputs, _loss))

@@ -115,6 +115,57 @@ def test_meta_tensors_get_the_documented_estimate():
     assert backward.meta["remat"].scratch_bytes == 2 * activation + weight
 
 
+def test_a_meta_model_traced_as_fake_cpu_is_estimated_without_running_a_kernel(monkeypatch):
+    """plan() traces a meta model as fake CPU tensors: no kernel may run (at a 70B model's shapes
+    that took minutes), every scratch is the estimate."""
+    from remat_pass.annotate import scratch as scratch_module
+    from remat_pass.planning.plan_model import traceable
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("a kernel ran on a step traced from fake tensors")
+
+    monkeypatch.setattr(scratch_module, "_measure_or_estimate", refuse)
+    model, images = TinyCNN().to("meta"), _images("meta")
+    with traceable(model, (images,)) as fake_inputs:
+        traced = trace_step(model, fake_inputs)
+    (piece,) = traced.annotated
+    assert piece.joint.step_inputs.are_fake()
+    conv2 = _node(piece, aten.convolution.default, 1)
+    activation, weight = BATCH * CHANNELS * SIDE * SIDE * 4, CHANNELS * CHANNELS * 9 * 4
+    assert traced.problem.values[piece.nodes.index(conv2)].scratch_bytes == 2 * activation + weight
+
+
+def test_measurements_persist_in_a_store_and_a_new_process_runs_no_kernel(tmp_path, monkeypatch):
+    from remat_pass.annotate import scratch as scratch_module
+
+    model = nn.Sequential(nn.Linear(32, 32), nn.Dropout(0.5), nn.Linear(32, 4))
+    (joint,) = capture(model, (torch.randn(64, 32),))
+    monkeypatch.setattr(scratch_module, "_MEASURED", {})
+    first = kernel_scratch(joint.module.graph, store=tmp_path)
+    assert first and len(list(tmp_path.glob("scratch-torch*.json"))) == 1
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(scratch_module, "_MEASURED", {})  # a new process
+    monkeypatch.setattr(scratch_module, "_measure_or_estimate", refuse)
+    assert kernel_scratch(joint.module.graph, store=tmp_path) == first
+    monkeypatch.setattr(scratch_module, "_MEASURED", {})
+    with pytest.raises(AssertionError, match="measured again"):  # another store knows nothing
+        kernel_scratch(joint.module.graph, store=tmp_path / "other")
+
+
+def test_optimize_keeps_its_measurements_beside_the_plan_cache_only_when_there_is_one(tmp_path, monkeypatch):
+    from remat_pass.annotate import scratch as scratch_module
+
+    inputs = (_images(),)
+    for cache in (False, tmp_path):
+        monkeypatch.setattr(scratch_module, "_MEASURED", {})
+        torch._dynamo.reset()
+        remat_pass.optimize(TinyCNN(), 0.5, example_inputs=inputs, plan_cache=cache)
+    assert [p.parent.name for p in tmp_path.rglob("scratch-*.json")] == ["scratch"]
+
+
 def test_scratch_counts_while_its_op_runs_not_beside_recomputation():
     """x -> a -> b; backward: step 0 reads b (scratch 50), step 1 reads a (scratch 70).
     a's kernel takes 30 bytes of scratch; all storages 100 bytes."""

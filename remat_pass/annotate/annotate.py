@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import operator
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Iterable
 
 import networkx as nx
@@ -89,7 +90,7 @@ class AnnotatedGraph:
 
 
 def annotate(joint: JointGraph, device: str | DeviceProfile = AUTO, *, free_inputs: bool = True,
-             costs: str = CostModel.ROOFLINE) -> AnnotatedGraph:
+             costs: str = CostModel.ROOFLINE, scratch_store: Path | None = None) -> AnnotatedGraph:
     """Annotate every node of ``joint`` in place (``meta["remat"]``) and build the Problem.
 
     Parameters and buffers are always available at no cost. ``free_inputs`` says the same of
@@ -98,6 +99,7 @@ def annotate(joint: JointGraph, device: str | DeviceProfile = AUTO, *, free_inpu
     before — saving one of them for backward keeps it alive, so it is charged like any kept
     value (it can be kept, never recomputed: its producer is in another graph). ``costs`` prices
     ops (``costs.CostModel``: the roofline, FLOPs alone, or times measured by ``op_timing``).
+    ``scratch_store``: a directory where kernel scratch measurements persist (``scratch.kernel_scratch``).
     """
     graph = joint.module.graph
     where, profile = pricing_profiles(device, costs, tensors_on=_step_device(graph))
@@ -108,7 +110,9 @@ def annotate(joint: JointGraph, device: str | DeviceProfile = AUTO, *, free_inpu
     backward_nodes |= derived_in_backward(graph, backward_nodes, joint.num_fwd_outputs)
     drop_running_stats_from_backward(backward_nodes)  # see remat_pass.annotate.batch_norm
     measured = measured_seconds(graph, joint.step_inputs, backward_nodes) if parse_costs(costs) == "measure" else {}
-    scratch = kernel_scratch(graph, _graph_outputs(graph)[joint.num_fwd_outputs :])  # measured, or estimated on meta
+    fake_step = joint.step_inputs is not None and joint.step_inputs.are_fake()
+    scratch = kernel_scratch(graph, _graph_outputs(graph)[joint.num_fwd_outputs :], estimate=fake_step,
+                             store=scratch_store)
     storages = _StorageTable()
     values: list[Value] = []
     value_nodes: list[fx.Node] = []

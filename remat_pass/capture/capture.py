@@ -25,7 +25,8 @@ import torch
 from torch import fx
 
 from .capture_errors import capture_failure
-from ..compat import PartitionerBase, checkpoint_side_effects_run_once, has_custom_partitioner, use_boxed_codegen
+from ..compat import (PartitionerBase, checkpoint_side_effects_run_once, has_custom_partitioner, is_fake,
+                      use_boxed_codegen)
 from ..errors import CaptureError
 from .state import untouched
 
@@ -62,6 +63,11 @@ class StepInputs:
         """The inputs in dynamo's order (AOTAutograd's ``PlainAOTInput.idx``); None once any is gone."""
         found = [x() if isinstance(x, weakref.ref) else x for x in self._inputs]
         return None if any(x is None and isinstance(r, weakref.ref) for x, r in zip(found, self._inputs)) else found
+
+    def are_fake(self) -> bool:
+        """True when the step was traced from fake tensors (a meta model planned by ``plan``):
+        nothing real exists to run a kernel on, and what would run here is not what the plan is for."""
+        return any(is_fake(x() if isinstance(x, weakref.ref) else x) for x in self._inputs)
 
     def attribute(self, target: str) -> torch.Tensor | None:
         """A parameter or buffer of the compiled module (``ParamAOTInput``/``BufferAOTInput``)."""

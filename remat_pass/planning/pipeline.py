@@ -422,7 +422,9 @@ class PlannedGraph:
 def plan_joint_graph(joint: JointGraph, options: PlanOptions) -> PlannedGraph:
     """The whole pipeline for one joint graph: annotate, plan, rewrite, reconcile."""
     started = time.perf_counter()
-    annotated = annotate(joint, options.device, free_inputs=options.free_inputs, costs=options.costs)
+    store = getattr(options.plan_cache, "scratch_directory", None)  # beside the plans, where they are cached
+    annotated = annotate(joint, options.device, free_inputs=options.free_inputs, costs=options.costs,
+                         scratch_store=store)
     planned = plan_problem(annotated.problem, options)
     forward, backward = rewrite(annotated, planned.plan)
     result = reconcile(annotated, options, planned, forward, backward)

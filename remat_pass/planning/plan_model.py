@@ -48,8 +48,8 @@ from .pipeline import (
     plan_problem,
     planning_effort,
     resolve_budget_kind,
-    trace_step,
 )
+from .repeated_blocks import trace_repeated
 from ..tools.report import PlanReport, block_depth
 
 logger = logging.getLogger(__name__)
@@ -138,8 +138,9 @@ def plan_with_report(
         # Always through trace_step's loss wrapper: module paths then read as the model names them,
         # even when the model's forward is itself wrapped (Hugging Face decorators).
         args, kwargs = flat[:len(call.args)], dict(zip(call.kwargs, flat[len(call.args):]))
-        traced = trace_step(model, args, loss_fn=loss_fn or _output, device=device, example_kwargs=kwargs,
-                            costs=costs)
+        # A stack of identical blocks is traced 4 blocks deep and stamped (repeated_blocks).
+        traced = trace_repeated(model, args, loss_fn=loss_fn or _output, device=device, example_kwargs=kwargs,
+                                costs=costs)
     options = PlanOptions(parsed, solver, device, time_limit, budget_kind, dict(solver_options), offload=offload,
                           host_budget_bytes=parse_host_budget(host_budget), prove=prove,
                           plan_cache=as_plan_cache(plan_cache))

@@ -21,6 +21,7 @@ from ..annotate.annotate import META_KEY, AnnotatedGraph, annotate
 from ..capture.capture import capture
 from ..annotate.costs import CostModel, DeviceProfile
 from ..capture.inputs import call_inputs
+from ..compat import forget_compiled
 from .progress import phase
 
 LossFn = Callable[..., torch.Tensor]
@@ -89,7 +90,11 @@ def trace_step(
     call = call_inputs(example_inputs, example_kwargs)
     target = model if loss_fn is None else _WithLoss(model, loss_fn)
     with phase("tracing the step", "traced the step"):
-        annotated = [annotate(joint, device, costs=costs) for joint in capture(target, call.args, call.kwargs)]
+        try:
+            annotated = [annotate(joint, device, costs=costs) for joint in capture(target, call.args, call.kwargs)]
+        finally:
+            if loss_fn is not None:  # each trace compiles a new wrapper: never pile up to the recompile limit
+                forget_compiled(_WithLoss.forward)
     step_flops = sum(
         node.meta[META_KEY].flops for a in annotated for node in a.joint.module.graph.nodes if META_KEY in node.meta
     )

@@ -164,6 +164,11 @@ class PlanCache:
         self.directory = Path(self.directory).expanduser()
 
     @property
+    def scratch_directory(self) -> Path:
+        """Where kernel scratch measurements persist beside the plans (``annotate.scratch``)."""
+        return self.directory / "scratch"
+
+    @property
     def stats(self) -> dict[str, int]:
         return {"hits": self.hits, "misses": self.misses}
 

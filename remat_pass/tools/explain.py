@@ -11,7 +11,8 @@ True
 >>> explanation.show()  # doctest: +SKIP
 
 The step is traced by ``pipeline.trace_step`` (capture, annotate, one torch-free ``Problem`` for the
-whole step, with its forward+backward FLOPs to put recompute in proportion) and planned by
+whole step, with its forward+backward FLOPs to put recompute in proportion; a stack of 7 or more
+identical blocks traced 4 blocks deep and stamped, ``planning.repeated_blocks``) and planned by
 ``pipeline.plan_problem``, as ``sweep`` and ``plan`` do.
 """
 
@@ -23,7 +24,8 @@ from torch import nn
 
 from ..planning.budget import parse_budget
 from ..annotate.costs import CostModel, DeviceProfile, parse_costs
-from ..planning.pipeline import BudgetKind, LossFn, PlanOptions, TracedStep, plan_problem, planning_effort, trace_step
+from ..planning.pipeline import BudgetKind, LossFn, PlanOptions, TracedStep, plan_problem, planning_effort
+from ..planning.repeated_blocks import trace_repeated
 from ..runtime.plan_cache import as_plan_cache
 from .report import PlanReport
 
@@ -78,5 +80,6 @@ def explain(
     ``solver`` is any name in ``solvers.SOLVERS``; ``device`` picks the cost model and ``costs``
     how it prices recompute ("roofline", "flops", "measure").
     """
-    traced = trace_step(model, example_inputs, loss_fn=loss_fn, device=device, costs=parse_costs(costs))
+    # A stack of identical blocks is traced 4 blocks deep and stamped (planning.repeated_blocks).
+    traced = trace_repeated(model, example_inputs, loss_fn=loss_fn, device=device, costs=parse_costs(costs))
     return explain_traced(traced, budget, solver, depth=depth, **solver_options)
