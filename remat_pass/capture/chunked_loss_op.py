@@ -158,18 +158,16 @@ def chunked_linear_cross_entropy_backward(
         grad_weight = g.t().mm(x) if grad_weight is None else grad_weight.addmm_(g.t(), x)
         if bias is not None:
             grad_bias = g.sum(0) if grad_bias is None else grad_bias.add_(g.sum(0))
-    empty = hidden.new_empty(0)
     grad_weight = torch.zeros_like(weight) if weight_grads and grad_weight is None else grad_weight
-    return (grad_hidden, empty if grad_weight is None else grad_weight.to(weight.dtype),
-            empty if grad_bias is None else grad_bias.to(weight.dtype))
+    return (grad_hidden, hidden.new_empty(0) if grad_weight is None else grad_weight.to(weight.dtype),
+            hidden.new_empty(0) if grad_bias is None else grad_bias.to(weight.dtype))
 
 
 @chunked_linear_cross_entropy_backward.register_fake
 def _fake_backward(grad, hidden, weight, bias, target, class_weight, chain, ignore_index, label_smoothing,
                    reduction, chunk_rows, weight_grads):
-    empty = hidden.new_empty(0)
-    return (torch.empty_like(hidden), torch.empty_like(weight) if weight_grads else empty,
-            torch.empty_like(bias) if weight_grads and bias is not None else empty)
+    return (torch.empty_like(hidden), torch.empty_like(weight) if weight_grads else hidden.new_empty(0),
+            torch.empty_like(bias) if weight_grads and bias is not None else hidden.new_empty(0))
 
 
 def _setup_context(ctx, inputs, output) -> None:

@@ -33,6 +33,10 @@ logger = logging.getLogger(__name__)
 
 MiB = 2**20
 DEFAULT_CHUNK_BYTES = 16 * MiB
+MIN_CHUNK_BYTES = 64 * 1024
+# Under a budget the loss could not meet whole, a chunk's logits get 1/16 of it: the op's working
+# set is at most 7 chunks (backward; measured 5-6, annotate.scratch), under half the budget.
+BUDGET_SHARE = 16
 _CE_SIGNATURE = inspect.signature(F.cross_entropy)
 _VIEWS = frozenset({"view", "reshape", "flatten", "contiguous"})
 _VIEW_FUNCTIONS = frozenset({torch.reshape, torch.flatten})
@@ -71,6 +75,36 @@ class ChunkedRegion:
     @property
     def chunks(self) -> int:
         return -(-self.tokens // self.chunk_rows)
+
+
+def chunked_regions(graph: fx.Graph) -> list[ChunkedRegion]:
+    """The chunked losses of a graph after AOTAutograd (their forward op nodes)."""
+    regions = []
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.remat_pass.chunked_linear_cross_entropy.default:
+            hidden, weight = (a.meta["val"] for a in node.args[:2])
+            chain, reduction, rows = node.args[5], node.args[8], node.args[9]
+            tokens, vocab = int(hidden.shape[0]), int(weight.shape[0])
+            itemsize = torch.empty((), dtype=chain_dtype(chain, hidden.dtype)).element_size()
+            regions.append(ChunkedRegion(tokens, int(hidden.shape[1]), vocab, int(rows), tokens * vocab * itemsize,
+                                         chain, reduction))
+    return regions
+
+
+def describe(region: ChunkedRegion) -> str:
+    """One line for a plan's notes: that the loss was chunked, how, and what it saves."""
+    chunk = region.logits_bytes * region.chunk_rows // max(region.tokens, 1)
+    return (f"loss chunked: {region.tokens} tokens x {region.vocab} vocabulary in {region.chunks} chunks of "
+            f"{region.chunk_rows} rows (linear head{' + ' + region.chain if region.chain else ''} + cross_entropy, "
+            f"reduction {region.reduction}); the logits ({region.logits_bytes / MiB:.1f} MiB), their "
+            f"log-probabilities and gradient are never whole, one chunk's ({chunk / MiB:.1f} MiB) at a time; "
+            f"backward recomputes the head (+{2 * region.tokens * region.hidden * region.vocab / 1e9:.2f} GFLOP)")
+
+
+def chunk_for_budget(budget_bytes: int) -> ChunkLoss:
+    """The chunking ``chunk_loss=None`` picks for a budget the whole loss could not meet: a
+    chunk's logits at 1/16 of the budget, between 64 KiB and the default 16 MiB."""
+    return ChunkLoss(min(DEFAULT_CHUNK_BYTES, max(MIN_CHUNK_BYTES, budget_bytes // BUDGET_SHARE)))
 
 
 def as_chunk_loss(chunk_loss: "bool | ChunkLoss | None") -> ChunkLoss | None:
@@ -238,5 +272,6 @@ def _chunk_one(graph: fx.Graph, ce: fx.Node, config: ChunkLoss) -> ChunkedRegion
     return region
 
 
-__all__ = ["ChunkLoss", "ChunkedRegion", "DEFAULT_CHUNK_BYTES", "as_chunk_loss", "chunk_losses",
-           "has_chunkable_loss"]
+__all__ = ["ChunkLoss", "ChunkedRegion", "DEFAULT_CHUNK_BYTES", "as_chunk_loss", "chunk_for_budget", "chunk_losses",
+           "chunked_regions",
+           "describe", "has_chunkable_loss"]

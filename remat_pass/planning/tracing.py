@@ -19,6 +19,7 @@ from remat_pass.solvers.problem import Problem
 
 from ..annotate.annotate import META_KEY, AnnotatedGraph, annotate
 from ..capture.capture import capture
+from ..capture.loss_chunking import ChunkLoss
 from ..annotate.costs import CostModel, DeviceProfile
 from ..capture.inputs import call_inputs
 from .progress import phase
@@ -75,6 +76,7 @@ def trace_step(
     *,
     example_kwargs: Mapping[str, Any] | None = None,
     costs: str = CostModel.ROOFLINE,
+    chunk_loss: ChunkLoss | None = None,
 ) -> TracedStep:
     """Capture and annotate one training step of ``model``; nothing is trained or modified.
 
@@ -83,13 +85,15 @@ def trace_step(
     **kwargs)``, when given, becomes part of the traced step; its values are planned too and
     belong to no module (``""``). ``costs`` prices recompute as for ``optimize`` ("measure" needs
     real tensors; traced from meta ones, the roofline prices the step and a warning says so).
+    ``chunk_loss`` chunks the step's language-model loss as training would (``capture.loss_chunking``).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"expected an nn.Module, got {type(model).__name__}")
     call = call_inputs(example_inputs, example_kwargs)
     target = model if loss_fn is None else _WithLoss(model, loss_fn)
     with phase("tracing the step", "traced the step"):
-        annotated = [annotate(joint, device, costs=costs) for joint in capture(target, call.args, call.kwargs)]
+        annotated = [annotate(joint, device, costs=costs) for joint in capture(target, call.args, call.kwargs,
+                                                                         chunk_loss=chunk_loss)]
     step_flops = sum(
         node.meta[META_KEY].flops for a in annotated for node in a.joint.module.graph.nodes if META_KEY in node.meta
     )
@@ -118,7 +122,8 @@ def merge_problems(problems: Sequence[Problem]) -> Problem:
         steps[:0] = [dataclasses.replace(step, reads=tuple(i + first_id for i in step.reads))
                      for step in problem.backward_steps]
     return Problem(tuple(values), tuple(storage_bytes), frozenset(reads), device=problems[0].device,
-                   forward_outputs=frozenset(outputs), backward_steps=tuple(steps), costs=problems[0].costs)
+                   forward_outputs=frozenset(outputs), backward_steps=tuple(steps), costs=problems[0].costs,
+                   notes=tuple(note for problem in problems for note in problem.notes))
 
 
 def _strip_wrapper(problem: Problem) -> Problem:

@@ -29,6 +29,7 @@ variables"), at each compile:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -43,6 +44,7 @@ from remat_pass.solvers.problem import Plan
 from ..planning.budget import Budget, parse_budget
 from ..annotate.attribution import module_path
 from ..capture.capture import INNER_COMPILERS, JointGraph, make_dynamo_backend
+from ..capture.loss_chunking import ChunkLoss, as_chunk_loss, chunk_for_budget, has_chunkable_loss
 from ..compat import has_custom_partitioner
 from ..annotate.costs import CostModel, DeviceProfile, parse_costs
 from ..rewrite.offload import check_offload_options, parse_host_budget
@@ -113,6 +115,11 @@ class RematBackend:
 
     ``time_limit`` and ``prove``: how long each graph's planning may take and whether it does the
     proof work (``pipeline.planning_effort``: by default 5 s and none, as for ``optimize``).
+
+    ``chunk_loss``: compute a language-model loss (linear head, row-wise chain, cross-entropy)
+    in chunks of tokens, recomputing each chunk's logits in backward (``capture.loss_chunking``):
+    True always, a ``ChunkLoss`` to set the chunk's bytes, False never; None (default) only
+    where the budget cannot be met with the loss whole, so a step that fits is never changed.
     """
 
     def __init__(
@@ -133,8 +140,10 @@ class RematBackend:
         pieces: int = 1,
         plan_cache: PlanCache | str | os.PathLike[str] | bool | None = True,
         costs: str = CostModel.ROOFLINE,
+        chunk_loss: bool | ChunkLoss | None = None,
         **solver_options: Any,
     ) -> None:
+        chunking = as_chunk_loss(chunk_loss)  # a bad value is a TypeError now
         solvers.get_solver(solver)  # an unknown name is a ValueError naming the choices
         parsed = parse_budget(budget)
         resolve_budget_kind(parsed, budget_kind)  # reject a bad kind now, not at the first call
@@ -155,7 +164,8 @@ class RematBackend:
         self.plans: list[Plan] = []
         self._on_plan = on_plan
         self._lock = threading.Lock()
-        self._compile = make_dynamo_backend(self._partition, inner)
+        self._compile = make_dynamo_backend(self._partition, inner, chunking)
+        self._chunk_when_infeasible = chunk_loss is None
 
     def _partition(self, joint: JointGraph) -> tuple[fx.GraphModule, fx.GraphModule]:
         try:
@@ -174,7 +184,23 @@ class RematBackend:
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
         with phase(f"capturing and planning graph {len(self.plans) + 1}",
                    f"captured and planned graph {len(self.plans) + 1}"):
+            if not self._chunk_when_infeasible or not has_chunkable_loss(gm):
+                return self._compile(gm, example_inputs)
+            return self._unless_infeasible_then_chunked(gm, example_inputs)
+
+    def _unless_infeasible_then_chunked(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+        """``chunk_loss=None``: the graph as it is if its plan meets the budget (without clamping),
+        else with its loss chunked (``capture.loss_chunking``), planned as the options say."""
+        options = self.options
+        self.options = dataclasses.replace(options, on_infeasible=OnInfeasible.RAISE)
+        try:
             return self._compile(gm, example_inputs)
+        except solvers.BudgetInfeasibleError as error:
+            logger.info("the budget cannot be met with the loss whole (%s); chunking the loss", error)
+            chunking = chunk_for_budget(error.budget_bytes)
+        finally:
+            self.options = options
+        return make_dynamo_backend(self._partition, self.inner, chunking)(gm, example_inputs)
 
     def __repr__(self) -> str:
         per_piece = f", pieces={self.pieces}" if self.pieces > 1 else ""

@@ -25,6 +25,8 @@ from ..planning.budget import parse_budget
 from ..annotate.costs import CostModel, DeviceProfile, parse_costs
 from ..planning.pipeline import BudgetKind, LossFn, PlanOptions, TracedStep, plan_problem, planning_effort, trace_step
 from ..runtime.plan_cache import as_plan_cache
+from ..capture.loss_chunking import ChunkLoss, as_chunk_loss, chunk_for_budget
+from remat_pass.solvers import BudgetInfeasibleError
 from .report import PlanReport
 
 Explanation = PlanReport
@@ -69,6 +71,7 @@ def explain(
     loss_fn: LossFn | None = None,
     depth: int | None = None,
     costs: str = CostModel.ROOFLINE,
+    chunk_loss: Any = None,
     **solver_options: Any,
 ) -> PlanReport:
     """Plan ``model``'s training step for ``budget`` and account for it module by module.
@@ -76,7 +79,25 @@ def explain(
     Nothing is trained: the step is traced once (see ``trace_step``). ``budget`` as for
     ``optimize``; an impossible one raises BudgetInfeasibleError with the smallest feasible.
     ``solver`` is any name in ``solvers.SOLVERS``; ``device`` picks the cost model and ``costs``
-    how it prices recompute ("roofline", "flops", "measure").
+    how it prices recompute ("roofline", "flops", "measure"). ``chunk_loss`` as for ``optimize``
+    (by default the loss is chunked only where the budget cannot be met otherwise; the report's
+    note then says so, with what it saved).
     """
-    traced = trace_step(model, example_inputs, loss_fn=loss_fn, device=device, costs=parse_costs(costs))
-    return explain_traced(traced, budget, solver, depth=depth, **solver_options)
+    costs = parse_costs(costs)
+
+    def trace(chunking: ChunkLoss | None) -> TracedStep:
+        return trace_step(model, example_inputs, loss_fn=loss_fn, device=device, costs=costs, chunk_loss=chunking)
+
+    def report(traced: TracedStep) -> PlanReport:
+        return explain_traced(traced, budget, solver, depth=depth, **dict(solver_options))
+
+    traced = trace(as_chunk_loss(chunk_loss))
+    try:
+        return report(traced)
+    except BudgetInfeasibleError as error:
+        if chunk_loss is not None:
+            raise
+        chunked = trace(chunk_for_budget(error.budget_bytes))
+        if not chunked.problem.notes:
+            raise
+        return report(chunked)
