@@ -50,11 +50,12 @@ VOCABULARIES = {"hf_gpt2": 50257, "hf_llama": 32000, "hf_gemma": 256000}
 
 
 def remat_step(work: Workload, budget: object, chunk_loss: Any, time_limit: float) -> Prepared:
-    """remat_pass at a peak budget (None: no budget) with ``chunk_loss``; may raise BudgetInfeasibleError."""
+    """remat_pass at a peak budget (None: keep everything, the saved fraction 1.0) with ``chunk_loss``;
+    may raise BudgetInfeasibleError."""
     model = copy.deepcopy(work.model)
     params = list(model.parameters())
     started = time.perf_counter()
-    kwargs: dict[str, Any] = {} if budget is None else {"budget": budget, "budget_kind": "peak"}
+    kwargs: dict[str, Any] = {"budget": 1.0} if budget is None else {"budget": budget, "budget_kind": "peak"}
     optimized = remat_pass.optimize(step_with_loss(model, work.loss_fn), chunk_loss=chunk_loss, time_limit=time_limit,
                                     plan_cache=False, example_inputs=(*work.inputs, work.target), **kwargs)
     return Prepared(lambda: optimized(*work.inputs, work.target), model, params, eager=False,

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 import torch
 from torch import nn
@@ -55,6 +55,7 @@ from .pipeline import (
 from ..tools.report import PlanReport, block_depth
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Why plan() differs from optimize/explain/sweep (device "cpu", solver "ilp"): those trace and run
 # the step on this machine, where the CPU cost model describes what runs and the graphs are small
@@ -153,19 +154,19 @@ def plan_with_report(
     options = PlanOptions(parsed, solver, device, time_limit, budget_kind, dict(solver_options), offload=offload,
                           host_budget_bytes=parse_host_budget(host_budget), prove=prove,
                           plan_cache=as_plan_cache(plan_cache))
-    traced, made = plan_or_chunk(trace, chunk_loss, options)
+    traced, made = plan_or_chunk(trace, chunk_loss, lambda step: plan_problem(step.problem, options).plan)
     return PlanReport(made, traced.step_flops, traced.forward_seconds, traced.pieces, budget=parsed,
                       depth=block_depth(made.problem))
 
 
 def plan_or_chunk(trace: Callable[[ChunkLoss | None], TracedStep], chunk_loss: Any,
-                  options: PlanOptions) -> tuple[TracedStep, Plan]:
+                  plan_traced: Callable[[TracedStep], T]) -> tuple[TracedStep, T]:
     """Trace and plan the step; with ``chunk_loss=None``, when the budget cannot be met with the
     loss whole and the step has a loss to chunk, trace it again with the loss chunked and plan
-    that (the same rule as the training backend's, so ``plan``/``explain`` say what ``optimize`` does)."""
+    that (the training backend's rule, so that ``plan`` and ``explain`` say what ``optimize`` does)."""
     traced = trace(as_chunk_loss(chunk_loss))
     try:
-        return traced, plan_problem(traced.problem, options).plan
+        return traced, plan_traced(traced)
     except solvers.BudgetInfeasibleError as error:
         if chunk_loss is not None:
             raise
@@ -173,7 +174,7 @@ def plan_or_chunk(trace: Callable[[ChunkLoss | None], TracedStep], chunk_loss: A
         if not chunked.problem.notes:
             raise
         logger.info("the budget cannot be met with the loss whole (%s); planned with the loss chunked", error)
-        return chunked, plan_problem(chunked.problem, options).plan
+        return chunked, plan_traced(chunked)
 
 
 def _output(output: Any, *_inputs: Any, **_kwargs: Any) -> Any:

@@ -25,8 +25,8 @@ from ..planning.budget import parse_budget
 from ..annotate.costs import CostModel, DeviceProfile, parse_costs
 from ..planning.pipeline import BudgetKind, LossFn, PlanOptions, TracedStep, plan_problem, planning_effort, trace_step
 from ..runtime.plan_cache import as_plan_cache
-from ..capture.loss_chunking import ChunkLoss, as_chunk_loss, chunk_for_budget
-from remat_pass.solvers import BudgetInfeasibleError
+from ..capture.loss_chunking import ChunkLoss
+from ..planning.plan_model import plan_or_chunk
 from .report import PlanReport
 
 Explanation = PlanReport
@@ -91,13 +91,4 @@ def explain(
     def report(traced: TracedStep) -> PlanReport:
         return explain_traced(traced, budget, solver, depth=depth, **dict(solver_options))
 
-    traced = trace(as_chunk_loss(chunk_loss))
-    try:
-        return report(traced)
-    except BudgetInfeasibleError as error:
-        if chunk_loss is not None:
-            raise
-        chunked = trace(chunk_for_budget(error.budget_bytes))
-        if not chunked.problem.notes:
-            raise
-        return report(chunked)
+    return plan_or_chunk(trace, chunk_loss, report)[1]
