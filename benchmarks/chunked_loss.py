@@ -120,7 +120,8 @@ def run_model(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     reference = eager.pop("grads")
     rows["eager"] = eager
     rows["ckpt"], _ = measure("ckpt", lambda: prepare(Strategy.parse("checkpoint_blocks"), work), work, cfg, reference)
-    for name, chunk_loss in (("min_whole", False), ("min_chunked", ChunkLoss(int(args.min_chunk_mib * MiB)))):
+    lowest = () if args.skip_lowest else (("min_whole", False), ("min_chunked", ChunkLoss(int(args.min_chunk_mib * MiB))))
+    for name, chunk_loss in lowest:
         budget = lowest_peak(work, chunk_loss, args.time_limit)
         rows[name], _ = measure(name, lambda: remat_step(work, budget, chunk_loss, args.time_limit), work, cfg,
                                 reference)
@@ -148,8 +149,9 @@ def summary(result: dict[str, Any]) -> list[str]:
     eager_flops = rows["eager"]["flops"]
 
     def peak(name: str) -> str:
-        row = rows[name]
-        return "refused" if row.get("refused") else f"{row['peak_act_bytes'] / MiB:.1f}"
+        row = rows.get(name, {"skipped": True})
+        return "skipped" if row.get("skipped") else "refused" if row.get("refused") else \
+            f"{row['peak_act_bytes'] / MiB:.1f}"
 
     def extra(name: str) -> float | None:
         row = rows[name]
@@ -159,7 +161,8 @@ def summary(result: dict[str, Any]) -> list[str]:
     lines = [f"| {result['spec']['label']} (V={result['spec']['vocab']}) | {peak('eager')} | {peak('ckpt')} | "
              f"{peak('min_whole')} | {peak('min_chunked')} | "
              + (f"{rows['min_whole']['peak_act_bytes'] / rows['min_chunked']['peak_act_bytes']:.2f}x"
-                if not (rows["min_whole"].get("refused") or rows["min_chunked"].get("refused")) else "n/a") + " |"]
+                if all(n in rows and not rows[n].get("refused") for n in ("min_whole", "min_chunked")) else "n/a")
+             + " |"]
     for name in ("at_ckpt_whole", "at_ckpt_auto", "at_ckpt_chunked"):
         e = extra(name)
         ratio = "n/a" if e is None or not ckpt_extra else f"{e / ckpt_extra:.2f}"
@@ -182,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-chunk-mib", type=float, default=1.0, help="ChunkLoss(chunk_bytes) of min_chunked")
     parser.add_argument("--time-limit", type=float, default=10.0, help="optimize(time_limit=) per plan")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--skip-lowest", action="store_true", help="no min_whole / min_chunked rows")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
