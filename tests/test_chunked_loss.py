@@ -184,6 +184,17 @@ def test_non_matching_graph_is_left_alone() -> None:
     assert _chunked_nodes(Logits3d(), (x, labels)) == []
 
 
+class Autocast(TinyLM):
+    def forward(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return super().forward(tokens, labels)
+
+
+def test_autocast_region_is_left_alone() -> None:
+    """Under autocast the head's dtype is autocast's choice, which the op does not replay."""
+    assert _chunked_nodes(Autocast(), _inputs()) == []
+
+
 def _hf(kind: str, vocab: int = 128) -> nn.Module:
     transformers = pytest.importorskip("transformers")
     common = dict(vocab_size=vocab, num_hidden_layers=1, bos_token_id=0, eos_token_id=1)

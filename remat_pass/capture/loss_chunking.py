@@ -137,6 +137,8 @@ def chunk_losses(gm: fx.GraphModule, config: ChunkLoss) -> list[ChunkedRegion]:
 
 def has_chunkable_loss(gm: fx.GraphModule) -> bool:
     """Whether ``chunk_losses`` would rewrite anything in ``gm`` (nothing is changed)."""
+    if any(node.target in _AUTOCAST for node in gm.graph.nodes):
+        return False
     return any(node.op == "call_function" and node.target is F.cross_entropy and _match(node) is not None
                for node in gm.graph.nodes)
 
