@@ -76,6 +76,11 @@ class ChunkedRegion:
     def chunks(self) -> int:
         return -(-self.tokens // self.chunk_rows)
 
+    @property
+    def extra_flops(self) -> int:
+        """What chunking adds to the step: the head's matmul once more, in backward."""
+        return 2 * self.tokens * self.hidden * self.vocab
+
 
 def chunked_regions(graph: fx.Graph) -> list[ChunkedRegion]:
     """The chunked losses of a graph after AOTAutograd (their forward op nodes)."""
@@ -135,12 +140,23 @@ def chunk_losses(gm: fx.GraphModule, config: ChunkLoss) -> list[ChunkedRegion]:
     return regions
 
 
-def has_chunkable_loss(gm: fx.GraphModule) -> bool:
-    """Whether ``chunk_losses`` would rewrite anything in ``gm`` (nothing is changed)."""
+def chunking_flops(gm: fx.GraphModule) -> int:
+    """The FLOPs chunking ``gm``'s losses would add (one more head matmul, 2·T·H·V, per loss
+    ``chunk_losses`` would rewrite); 0 when it would rewrite nothing. Nothing is changed."""
     if any(node.target in _AUTOCAST for node in gm.graph.nodes):
-        return False
-    return any(node.op == "call_function" and node.target is F.cross_entropy and _match(node) is not None
-               for node in gm.graph.nodes)
+        return 0
+    total = 0
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is F.cross_entropy and (match := _match(node)) is not None:
+            tokens, (vocab, hidden) = _val(match.arguments["input"]).shape[0], _val(match.linear.args[1]).shape
+            total += 2 * int(tokens) * int(hidden) * int(vocab)
+    return total
+
+
+def worth_chunking(whole_recompute_flops: int, chunked_recompute_flops: int, extra_flops: int) -> bool:
+    """Whether the chunked plan is the cheaper one: its recompute plus chunking's extra head matmul
+    against the whole loss's plan's recompute (both meeting the same budget)."""
+    return chunked_recompute_flops + extra_flops < whole_recompute_flops
 
 
 @dataclass(frozen=True)
@@ -275,5 +291,4 @@ def _chunk_one(graph: fx.Graph, ce: fx.Node, config: ChunkLoss) -> ChunkedRegion
 
 
 __all__ = ["ChunkLoss", "ChunkedRegion", "DEFAULT_CHUNK_BYTES", "as_chunk_loss", "chunk_for_budget", "chunk_losses",
-           "chunked_regions",
-           "describe", "has_chunkable_loss"]
+           "chunked_regions", "chunking_flops", "describe", "worth_chunking"]

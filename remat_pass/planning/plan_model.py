@@ -38,7 +38,7 @@ from .budget import parse_budget
 from ..compat import fake_tensor_mode, is_fake
 from ..annotate.costs import CostModel, DeviceProfile, parse_costs
 from ..capture.inputs import call_inputs
-from ..capture.loss_chunking import ChunkLoss, as_chunk_loss, chunk_for_budget
+from ..capture.loss_chunking import ChunkLoss, as_chunk_loss, chunk_for_budget, chunked_regions, worth_chunking
 from ..rewrite.offload import check_offload_options, parse_host_budget
 from ..runtime.plan_cache import as_plan_cache
 from .pipeline import (
@@ -160,13 +160,16 @@ def plan_with_report(
 
 
 def plan_or_chunk(trace: Callable[[ChunkLoss | None], TracedStep], chunk_loss: Any,
-                  plan_traced: Callable[[TracedStep], T]) -> tuple[TracedStep, T]:
-    """Trace and plan the step; with ``chunk_loss=None``, when the budget cannot be met with the
+                  plan_traced: Callable[[TracedStep], T], plan_of: Callable[[T], Plan] = lambda p: p,
+                  ) -> tuple[TracedStep, T]:
+    """Trace and plan the step. With ``chunk_loss=None``, the training backend's rule, so that
+    ``plan`` and ``explain`` say what ``optimize`` does: when the budget cannot be met with the
     loss whole and the step has a loss to chunk, trace it again with the loss chunked and plan
-    that (the training backend's rule, so that ``plan`` and ``explain`` say what ``optimize`` does)."""
+    that; when it is met whole with recompute, plan the chunked step too and keep the cheaper
+    (``worth_chunking``). ``plan_of`` reads the ``Plan`` from what ``plan_traced`` returns."""
     traced = trace(as_chunk_loss(chunk_loss))
     try:
-        return traced, plan_traced(traced)
+        whole = plan_traced(traced)
     except solvers.BudgetInfeasibleError as error:
         if chunk_loss is not None:
             raise
@@ -175,6 +178,20 @@ def plan_or_chunk(trace: Callable[[ChunkLoss | None], TracedStep], chunk_loss: A
             raise
         logger.info("the budget cannot be met with the loss whole (%s); planned with the loss chunked", error)
         return chunked, plan_traced(chunked)
+    plan = plan_of(whole)
+    if chunk_loss is not None or plan.budget_bytes is None or not plan.recompute_flops:
+        return traced, whole
+    chunked = trace(chunk_for_budget(plan.budget_bytes))
+    extra = sum(region.extra_flops for piece in chunked.annotated for region in chunked_regions(piece.joint.module.graph))
+    if not extra or plan.recompute_flops <= extra:
+        return traced, whole
+    try:
+        cheaper = plan_traced(chunked)
+    except solvers.BudgetInfeasibleError:
+        return traced, whole
+    if worth_chunking(plan.recompute_flops, plan_of(cheaper).recompute_flops, extra):
+        return chunked, cheaper
+    return traced, whole
 
 
 def _output(output: Any, *_inputs: Any, **_kwargs: Any) -> Any:

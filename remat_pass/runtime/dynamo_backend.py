@@ -44,7 +44,7 @@ from remat_pass.solvers.problem import Plan
 from ..planning.budget import Budget, parse_budget
 from ..annotate.attribution import module_path
 from ..capture.capture import INNER_COMPILERS, JointGraph, make_dynamo_backend
-from ..capture.loss_chunking import ChunkLoss, as_chunk_loss, chunk_for_budget, has_chunkable_loss
+from ..capture.loss_chunking import ChunkLoss, as_chunk_loss, chunk_for_budget, chunking_flops, worth_chunking
 from ..compat import has_custom_partitioner
 from ..annotate.costs import CostModel, DeviceProfile, parse_costs
 from ..rewrite.offload import check_offload_options, parse_host_budget
@@ -118,8 +118,10 @@ class RematBackend:
 
     ``chunk_loss``: compute a language-model loss (linear head, row-wise chain, cross-entropy)
     in chunks of tokens, recomputing each chunk's logits in backward (``capture.loss_chunking``):
-    True always, a ``ChunkLoss`` to set the chunk's bytes, False never; None (default) only
-    where the budget cannot be met with the loss whole, so a step that fits is never changed.
+    True always, a ``ChunkLoss`` to set the chunk's bytes, False never; None (default) where the
+    budget cannot be met with the loss whole, or is met whole only with more recompute than
+    chunking costs and the chunked plan is cheaper (both are planned then, and ``on_plan`` sees
+    both); a step that fits without recompute is never changed.
     """
 
     def __init__(
@@ -184,23 +186,45 @@ class RematBackend:
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
         with phase(f"capturing and planning graph {len(self.plans) + 1}",
                    f"captured and planned graph {len(self.plans) + 1}"):
-            if not self._chunk_when_infeasible or not has_chunkable_loss(gm):
+            extra_flops = chunking_flops(gm) if self._chunk_when_infeasible else 0
+            if not extra_flops:
                 return self._compile(gm, example_inputs)
-            return self._unless_infeasible_then_chunked(gm, example_inputs)
+            return self._whole_or_chunked(gm, example_inputs, extra_flops)
 
-    def _unless_infeasible_then_chunked(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
-        """``chunk_loss=None``: the graph as it is if its plan meets the budget (without clamping),
-        else with its loss chunked (``capture.loss_chunking``), planned as the options say."""
+    def _whole_or_chunked(self, gm: fx.GraphModule, example_inputs: list[Any], extra_flops: int) -> Any:
+        """``chunk_loss=None``: plan the graph as it is (without clamping). If the budget cannot be
+        met so, chunk the loss (``capture.loss_chunking``) and plan as the options say. If it is
+        met with more recompute than chunking's extra head matmul, plan the chunked graph too and
+        keep the cheaper (``worth_chunking``); the other's plan is dropped from ``plans``."""
         options = self.options
         self.options = dataclasses.replace(options, on_infeasible=OnInfeasible.RAISE)
         try:
-            return self._compile(gm, example_inputs)
+            whole = self._compile(gm, example_inputs)
         except solvers.BudgetInfeasibleError as error:
             logger.info("the budget cannot be met with the loss whole (%s); chunking the loss", error)
-            chunking = chunk_for_budget(error.budget_bytes)
+            self.options = options
+            return make_dynamo_backend(self._partition, self.inner, chunk_for_budget(error.budget_bytes))(
+                gm, example_inputs)
+        try:
+            plan = self.plans[-1]
+            if plan.budget_bytes is None or plan.recompute_flops <= extra_flops:
+                return whole
+            # The whole loss's compiled step no longer reads gm, which the chunking now rewrites.
+            try:
+                chunked = make_dynamo_backend(self._partition, self.inner, chunk_for_budget(plan.budget_bytes))(
+                    gm, example_inputs)
+            except solvers.BudgetInfeasibleError:
+                return whole
+            chunked_plan = self.plans[-1]
+            keep_chunked = worth_chunking(plan.recompute_flops, chunked_plan.recompute_flops, extra_flops)
+            logger.info("loss whole: %d recompute FLOPs; chunked: %d + %d for the head: keeping the %s loss",
+                        plan.recompute_flops, chunked_plan.recompute_flops, extra_flops,
+                        "chunked" if keep_chunked else "whole")
+            with self._lock:
+                self.plans.remove(plan if keep_chunked else chunked_plan)
+            return chunked if keep_chunked else whole
         finally:
             self.options = options
-        return make_dynamo_backend(self._partition, self.inner, chunking)(gm, example_inputs)
 
     def __repr__(self) -> str:
         per_piece = f", pieces={self.pieces}" if self.pieces > 1 else ""

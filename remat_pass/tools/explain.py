@@ -91,4 +91,4 @@ def explain(
     def report(traced: TracedStep) -> PlanReport:
         return explain_traced(traced, budget, solver, depth=depth, **dict(solver_options))
 
-    return plan_or_chunk(trace, chunk_loss, report)[1]
+    return plan_or_chunk(trace, chunk_loss, report, lambda made: made.plan)[1]
