@@ -278,3 +278,22 @@ def test_inductor_runs_the_chunked_loss() -> None:
                                    plan_cache=False)
     _assert_step_close(_step(compiled, inputs), expected, exact=False)
     assert compiled.plan.problem.notes
+
+
+@pytest.mark.parametrize("chunked_is_cheaper", [False, True])
+def test_the_cheaper_of_whole_and_chunked_is_kept(monkeypatch, chunked_is_cheaper: bool) -> None:
+    """chunk_loss=None with a budget met whole by recomputing: both plans are made, the cheaper is
+    the one that runs and the only one in ``plans``; the whole one still runs after the graph it was
+    compiled from was rewritten for the chunked attempt (eager's gradients bit for bit)."""
+    from remat_pass.runtime import dynamo_backend
+
+    monkeypatch.setattr(dynamo_backend, "chunking_flops", lambda gm: 1)  # any recompute is dearer
+    monkeypatch.setattr(dynamo_backend, "worth_chunking", lambda whole, chunked, extra: chunked_is_cheaper)
+    torch.manual_seed(0)
+    model, inputs = TinyLM(), _inputs()
+    expected = _step(model, inputs)
+    optimized = remat_pass.optimize(copy.deepcopy(model), budget=0.3, chunk_loss=None, plan_cache=False)
+    got = _step(optimized, inputs)
+    assert len(optimized.pieces) == 1 and optimized.plan.recompute_flops > 0
+    assert bool(optimized.plan.problem.notes) is chunked_is_cheaper
+    _assert_step_close(got, expected, exact=not chunked_is_cheaper)
