@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import remat_pass
-from remat_pass import BudgetInfeasibleError
+from remat_pass import BudgetInfeasibleError, ChunkLoss
 from remat_pass.capture.capture import capture
 from remat_pass.capture.chunked_loss_op import apply_chain, chunked_linear_cross_entropy
-from remat_pass.capture.loss_chunking import ChunkLoss, chunked_regions
+from remat_pass.capture.loss_chunking import chunked_regions
 from remat_pass.runtime.measure import peak_activation_bytes
 from remat_pass.tools.explain import explain
 
