@@ -85,8 +85,14 @@ def _extra_formulas() -> dict[str, Callable[[list[Any]], int]]:
             for packet, formula in extra_flop_formulas().items()}
 
 
+def _in_place_addmm(args: list[Any]) -> int:
+    """``addmm_(self, a, b)``: the chunked loss accumulates its weight gradient in place."""
+    a, b = args[1], args[2]
+    return 2 * a[0] * a[1] * b[1]
+
+
 # Ops FlopCounterMode has no formula for (torch 2.13) but that are matmul work all the same.
-_EXTRA_FORMULAS = _extra_formulas()
+_EXTRA_FORMULAS = {**_extra_formulas(), "addmm_": _in_place_addmm}
 
 
 @dataclass(frozen=True)

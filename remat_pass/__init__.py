@@ -19,6 +19,7 @@ _EXPORTS = {
     "backend": "remat_pass.runtime.dynamo_backend",
     "DEFAULT_BUDGET": "remat_pass.planning.pipeline",
     "apply_to_blocks": "remat_pass.runtime.per_block",
+    "ChunkLoss": "remat_pass.capture.loss_chunking",
     "parse_budget": "remat_pass.planning.budget",
     "saved_activation_bytes": "remat_pass.runtime.measure",
     "sweep": "remat_pass.tools.tradeoff",
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
     from .runtime.api import RematModule, optimize
     from .runtime.dynamo_backend import backend
     from .runtime.per_block import apply_to_blocks
+    from .capture.loss_chunking import ChunkLoss
     from .planning.budget import parse_budget
     from .errors import (
         BudgetInfeasibleError,

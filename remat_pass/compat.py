@@ -189,6 +189,18 @@ def real_tensors() -> Any:
     return unset_fake_temporarily()
 
 
+@contextlib.contextmanager
+def autograd_inside_kernel() -> Iterator[None]:
+    """Autograd usable inside a custom op's kernel (``chunked_loss_op``'s backward recomputes a
+    chunk under autograd): the kernel runs below the autograd dispatch key with grad mode off,
+    so both are restored here for its body only."""
+    from torch._C import DispatchKey, DispatchKeySet
+
+    exclude = torch._C._dispatch_tls_local_exclude_set() - DispatchKeySet(DispatchKey.AutogradFunctionality)
+    with torch.enable_grad(), torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude):
+        yield
+
+
 # --- profiler ---------------------------------------------------------------------------------
 
 
@@ -282,7 +294,8 @@ def _allocator_trace_events(trace: list[dict[str, Any]]) -> list[tuple[int, int,
 
 
 __all__ = [
-    "PartitionerBase", "allocator_events", "concrete_int", "cuda_allocator_events", "extract_fwd_bwd_modules", "fake_tensor_mode",
-    "forget_compiled", "has_custom_partitioner", "is_fake", "is_symbolic", "real_tensors", "recompile_limit", "recompile_limit_errors",
+    "PartitionerBase", "allocator_events", "autograd_inside_kernel", "concrete_int", "cuda_allocator_events",
+    "extract_fwd_bwd_modules", "fake_tensor_mode", "forget_compiled", "has_custom_partitioner", "is_fake", "is_symbolic",
+    "real_tensors", "recompile_limit", "recompile_limit_errors",
     "use_boxed_codegen",
 ]

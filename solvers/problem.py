@@ -105,6 +105,8 @@ class Problem:
     backward_steps: tuple[BackwardStep, ...] = ()
     host_bytes_per_second: float = 0.0
     costs: str = "roofline"  # how recompute_seconds were priced: roofline, flops or measure
+    # What was done to the graph before it was planned, for the plan's reader (a chunked loss).
+    notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.validate()
@@ -313,6 +315,7 @@ class Plan:
                          f"values, ~{self.exposed_transfer_seconds * 1e3:.3f} ms of transfer not hidden by compute")
         if self.predicted_peak_bytes is not None:
             lines.append(f"  predicted peak  {format_bytes(self.predicted_peak_bytes)} of activation memory in the step")
+        lines += [f"  note            {note}" for note in self.problem.notes]
         sized = sorted(self.kept, key=lambda i: (-self.problem.storage_bytes[values[i].storage], i))
         if sized:
             lines.append("  largest kept:")

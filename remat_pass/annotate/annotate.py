@@ -38,6 +38,7 @@ from ..compat import is_symbolic as _is_symbolic
 from .dropout_replay import dropout_replay_sources, order_dropout_masks
 from .costs import AUTO, CostModel, DeviceProfile, parse_costs, pricing_profiles
 from .flops import node_flops as _flops
+from ..capture.loss_chunking import chunked_regions, describe as describe_chunked
 from .backward_steps import backward_steps
 from .node_memory import bytes_moved as _bytes_moved
 from .node_memory import dtype_of as _dtype_of
@@ -142,6 +143,7 @@ def annotate(joint: JointGraph, device: str | DeviceProfile = AUTO, *, free_inpu
         backward_steps=backward_steps(graph, backward_nodes, ids, outputs[joint.num_fwd_outputs :], profile, scratch),
         host_bytes_per_second=where.host_link_bytes_per_second,
         costs="measure" if measured else "flops" if profile.name == "flops" else "roofline",
+        notes=tuple(describe_chunked(region) for region in chunked_regions(graph)),
     )
     _store_meta(graph, ids, problem, scratch)
     logger.debug(

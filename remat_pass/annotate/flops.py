@@ -40,13 +40,37 @@ def extra_flop_formulas() -> dict[Any, Any]:
     }
 
 
+def chunked_loss_flops(node: fx.Node) -> int | None:
+    """The head matmuls of a chunked loss (``capture.chunked_loss_op``); None for other ops.
+
+    Forward: one ``tokens x hidden x vocab`` matmul (2·T·H·V). Backward: the logits recomputed
+    (2·T·H·V, the price of chunking), the hidden's gradient (2·T·H·V) and, when the weight
+    needs one, the weight's (2·T·H·V). The softmax and chain are memory-bound and count 0, as
+    ``torch.utils.flop_counter`` counts pointwise ops.
+    """
+    from ..capture.chunked_loss_op import BACKWARD_OP_NAME, OP_NAME
+
+    name = node.target.name() if isinstance(node.target, torch._ops.OpOverload) else ""
+    if name not in (OP_NAME, BACKWARD_OP_NAME):
+        return None
+    offset = 1 if name == BACKWARD_OP_NAME else 0
+    hidden, weight = (node.args[offset].meta["val"], node.args[offset + 1].meta["val"])
+    head = 2 * _concrete(hidden.shape[0]) * _concrete(hidden.shape[1]) * _concrete(weight.shape[0])
+    if name == OP_NAME:
+        return head
+    return head * (3 if node.args[-1] else 2)
+
+
 def node_flops(node: fx.Node) -> int:
-    """FLOPs by torch.utils.flop_counter's formulas (and ``extra_flop_formulas``); 0 for other ops."""
+    """FLOPs by torch.utils.flop_counter's formulas (and ``extra_flop_formulas``, the chunked
+    loss's ``chunked_loss_flops``); 0 for other ops."""
     from torch.utils.flop_counter import flop_registry
 
     target = node.target
     if not isinstance(target, torch._ops.OpOverload):
         return 0
+    if (chunked := chunked_loss_flops(node)) is not None:
+        return chunked
     meta = lambda a: a.meta.get("val") if isinstance(a, fx.Node) else a  # noqa: E731
     extra = extra_flop_formulas().get(target.overloadpacket)
     if extra is None and target.overloadpacket not in flop_registry:

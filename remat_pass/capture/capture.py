@@ -25,6 +25,7 @@ import torch
 from torch import fx
 
 from .capture_errors import capture_failure
+from .loss_chunking import ChunkLoss, chunk_losses
 from ..compat import (PartitionerBase, checkpoint_side_effects_run_once, has_custom_partitioner, is_fake,
                       use_boxed_codegen)
 from ..errors import CaptureError
@@ -165,10 +166,25 @@ def _inductor_backend(handler: JointGraphHandler) -> Callable[[fx.GraphModule, l
     return _recording_inputs(compiling, compile_with_inductor)
 
 
-def make_dynamo_backend(handler: JointGraphHandler, inner: str = "eager") -> Callable[..., Any]:
-    """A ``torch.compile`` backend that partitions every joint graph with ``handler``."""
+def _chunking_losses(config: ChunkLoss | None, compile_fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Chunk the language-model loss of each Dynamo graph (``loss_chunking``) before AOTAutograd
+    traces it; with no config, ``compile_fn`` itself."""
+    if config is None:
+        return compile_fn
+
+    def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+        chunk_losses(gm, config)
+        return compile_fn(gm, example_inputs)
+
+    return backend
+
+
+def make_dynamo_backend(handler: JointGraphHandler, inner: str = "eager",
+                        chunk_loss: ChunkLoss | None = None) -> Callable[..., Any]:
+    """A ``torch.compile`` backend that partitions every joint graph with ``handler``; with
+    ``chunk_loss``, each graph's language-model loss is chunked first (``loss_chunking``)."""
     if inner == "inductor":
-        return _inductor_backend(handler)
+        return _chunking_losses(chunk_loss, _inductor_backend(handler))
     if inner != "eager":
         raise ValueError(f"inner compiler must be one of {INNER_COMPILERS}, got {inner!r}")
     from torch._dynamo.backends.common import aot_autograd
@@ -176,16 +192,17 @@ def make_dynamo_backend(handler: JointGraphHandler, inner: str = "eager") -> Cal
     compiling = _Compiling()
     compile_fn = aot_autograd(fw_compiler=_boxed_eager, bw_compiler=_boxed_eager,
                               partition_fn=_partition_fn(handler, compiling))
-    return _recording_inputs(compiling, compile_fn)
+    return _chunking_losses(chunk_loss, _recording_inputs(compiling, compile_fn))
 
 
 def capture(model: torch.nn.Module, example_inputs: Sequence[Any],
-            example_kwargs: Mapping[str, Any] | None = None) -> list[JointGraph]:
+            example_kwargs: Mapping[str, Any] | None = None, chunk_loss: ChunkLoss | None = None) -> list[JointGraph]:
     """Trace one training forward of ``model`` and return its joint graphs, one per piece.
 
     Runs ``model(*example_inputs, **example_kwargs)`` once (needed by dynamo), with the RNG state and the
     module's buffers restored afterwards, and partitions nothing away: the graphs come back
-    whole, for inspection, annotation and planning without training.
+    whole, for inspection, annotation and planning without training. ``chunk_loss`` chunks
+    each graph's language-model loss first, as the training backend would.
     """
     from torch._functorch.partitioners import default_partition
 
@@ -195,7 +212,7 @@ def capture(model: torch.nn.Module, example_inputs: Sequence[Any],
         graphs.append(joint)  # default_partition builds new graphs and leaves this one's nodes as they are
         return default_partition(joint.module, None, num_fwd_outputs=joint.num_fwd_outputs, **joint.partition_kwargs)
 
-    compiled = torch.compile(model, backend=make_dynamo_backend(record), dynamic=False)
+    compiled = torch.compile(model, backend=make_dynamo_backend(record, chunk_loss=chunk_loss), dynamic=False)
     try:
         with untouched(model, (example_inputs, example_kwargs)), torch.enable_grad(), \
                 checkpoint_side_effects_run_once():

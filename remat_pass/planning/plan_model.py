@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 import torch
 from torch import nn
@@ -38,6 +38,7 @@ from .budget import parse_budget
 from ..compat import fake_tensor_mode, is_fake
 from ..annotate.costs import CostModel, DeviceProfile, parse_costs
 from ..capture.inputs import call_inputs
+from ..capture.loss_chunking import ChunkLoss, as_chunk_loss, chunk_for_budget, chunked_regions, worth_chunking
 from ..rewrite.offload import check_offload_options, parse_host_budget
 from ..runtime.plan_cache import as_plan_cache
 from .pipeline import (
@@ -45,6 +46,7 @@ from .pipeline import (
     BudgetKind,
     LossFn,
     PlanOptions,
+    TracedStep,
     plan_problem,
     planning_effort,
     resolve_budget_kind,
@@ -53,6 +55,7 @@ from .repeated_blocks import trace_repeated
 from ..tools.report import PlanReport, block_depth
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Why plan() differs from optimize/explain/sweep (device "cpu", solver "ilp"): those trace and run
 # the step on this machine, where the CPU cost model describes what runs and the graphs are small
@@ -81,6 +84,7 @@ def plan(
     example_kwargs: Mapping[str, Any] | None = None,
     costs: str = CostModel.ROOFLINE,
     plan_cache: Any = True,
+    chunk_loss: Any = None,
     **solver_options: Any,
 ) -> Plan:
     """Decide what ``model``'s training step keeps and recomputes under ``budget``; run nothing.
@@ -96,13 +100,16 @@ def plan(
     ``offload=True`` also lets saved values go to host memory (``optimize``'s option).
     ``time_limit`` and ``prove`` as for ``optimize``: by default 5 s of planning and no proof work;
     ``plan_cache`` too (by default ``~/.cache/remat_pass/plans``; ``False`` for none).
+    ``chunk_loss`` as for ``optimize``: by default the loss is chunked only when the budget cannot
+    be met otherwise (``plan_or_chunk``).
 
     Raises BudgetInfeasibleError (with the smallest feasible budget) when nothing fits.
     """
     report_ = plan_with_report(model, example_inputs, budget, device=device, solver=solver, budget_kind=budget_kind,
                                loss_fn=loss_fn, time_limit=time_limit, prove=prove, offload=offload,
                                host_budget=host_budget,
-                               example_kwargs=example_kwargs, costs=costs, plan_cache=plan_cache, **solver_options)
+                               example_kwargs=example_kwargs, costs=costs, plan_cache=plan_cache,
+                               chunk_loss=chunk_loss, **solver_options)
     if verbose:
         print(report_.render(depth=depth))
     return report_.plan
@@ -124,6 +131,7 @@ def plan_with_report(
     example_kwargs: Mapping[str, Any] | None = None,
     costs: str = CostModel.ROOFLINE,
     plan_cache: Any = True,
+    chunk_loss: Any = None,
     **solver_options: Any,
 ) -> PlanReport:
     """``plan`` plus the step's FLOPs and forward time: a ``PlanReport`` at the blocks' depth."""
@@ -134,19 +142,57 @@ def plan_with_report(
     parse_costs(costs)
     time_limit, prove = planning_effort(time_limit, prove)
     call = call_inputs(example_inputs, example_kwargs)
-    with traceable(model, call.flat()) as flat:
-        # Always through trace_step's loss wrapper: module paths then read as the model names them,
-        # even when the model's forward is itself wrapped (Hugging Face decorators).
-        args, kwargs = flat[:len(call.args)], dict(zip(call.kwargs, flat[len(call.args):]))
-        # A stack of identical blocks is traced 4 blocks deep and stamped (repeated_blocks).
-        traced = trace_repeated(model, args, loss_fn=loss_fn or _output, device=device, example_kwargs=kwargs,
-                                costs=costs)
+
+    def trace(chunking: ChunkLoss | None) -> TracedStep:
+        with traceable(model, call.flat()) as flat:
+            # Always through trace_step's loss wrapper: module paths then read as the model names
+            # them, even when the model's forward is itself wrapped (Hugging Face decorators).
+            args, kwargs = flat[:len(call.args)], dict(zip(call.kwargs, flat[len(call.args):]))
+            # A stack of identical blocks is traced 4 blocks deep and stamped (repeated_blocks).
+            return trace_repeated(model, args, loss_fn=loss_fn or _output, device=device, example_kwargs=kwargs,
+                                  costs=costs, chunk_loss=chunking)
+
     options = PlanOptions(parsed, solver, device, time_limit, budget_kind, dict(solver_options), offload=offload,
                           host_budget_bytes=parse_host_budget(host_budget), prove=prove,
                           plan_cache=as_plan_cache(plan_cache))
-    made = plan_problem(traced.problem, options).plan
+    traced, made = plan_or_chunk(trace, chunk_loss, lambda step: plan_problem(step.problem, options).plan)
     return PlanReport(made, traced.step_flops, traced.forward_seconds, traced.pieces, budget=parsed,
                       depth=block_depth(made.problem))
+
+
+def plan_or_chunk(trace: Callable[[ChunkLoss | None], TracedStep], chunk_loss: Any,
+                  plan_traced: Callable[[TracedStep], T], plan_of: Callable[[T], Plan] = lambda p: p,
+                  ) -> tuple[TracedStep, T]:
+    """Trace and plan the step. With ``chunk_loss=None``, the training backend's rule, so that
+    ``plan`` and ``explain`` say what ``optimize`` does: when the budget cannot be met with the
+    loss whole and the step has a loss to chunk, trace it again with the loss chunked and plan
+    that; when it is met whole with recompute, plan the chunked step too and keep the cheaper
+    (``worth_chunking``). ``plan_of`` reads the ``Plan`` from what ``plan_traced`` returns."""
+    traced = trace(as_chunk_loss(chunk_loss))
+    try:
+        whole = plan_traced(traced)
+    except solvers.BudgetInfeasibleError as error:
+        if chunk_loss is not None:
+            raise
+        chunked = trace(chunk_for_budget(error.budget_bytes))
+        if not chunked.problem.notes:
+            raise
+        logger.info("the budget cannot be met with the loss whole (%s); planned with the loss chunked", error)
+        return chunked, plan_traced(chunked)
+    plan = plan_of(whole)
+    if chunk_loss is not None or plan.budget_bytes is None or not plan.recompute_flops:
+        return traced, whole
+    chunked = trace(chunk_for_budget(plan.budget_bytes))
+    extra = sum(region.extra_flops for piece in chunked.annotated for region in chunked_regions(piece.joint.module.graph))
+    if not extra or plan.recompute_flops <= extra:
+        return traced, whole
+    try:
+        cheaper = plan_traced(chunked)
+    except solvers.BudgetInfeasibleError:
+        return traced, whole
+    if worth_chunking(plan.recompute_flops, plan_of(cheaper).recompute_flops, extra):
+        return chunked, cheaper
+    return traced, whole
 
 
 def _output(output: Any, *_inputs: Any, **_kwargs: Any) -> Any:

@@ -29,6 +29,7 @@ from torch import fx, nn
 
 from ..annotate.annotate import BACKWARD, META_KEY
 from ..annotate.costs import CostModel, DeviceProfile, parse_costs
+from ..capture.loss_chunking import ChunkLoss
 from ..errors import CaptureError
 from .block_stamp import BlockLabels, StampRefused, stamp_problem, without_names
 from .tracing import LossFn, TracedStep, trace_step
@@ -113,11 +114,13 @@ def trace_repeated(
     *,
     example_kwargs: Mapping[str, Any] | None = None,
     costs: str = CostModel.ROOFLINE,
+    chunk_loss: ChunkLoss | None = None,
 ) -> TracedStep:
     """``tracing.trace_step``'s Problem, traced once per repeated block where the model allows
     (see the module); otherwise ``trace_step`` itself. The result has no annotated graphs when stamped."""
     def whole() -> TracedStep:
-        return trace_step(model, example_inputs, loss_fn, device, example_kwargs=example_kwargs, costs=costs)
+        return trace_step(model, example_inputs, loss_fn, device, example_kwargs=example_kwargs, costs=costs,
+                          chunk_loss=chunk_loss)
 
     stack = repeated_stack(model)
     if stack is None or parse_costs(costs) == CostModel.MEASURE:
@@ -128,7 +131,7 @@ def trace_repeated(
             with _truncated(model, stack, blocks):
                 try:
                     shallow[blocks] = trace_step(model, example_inputs, loss_fn, device,
-                                                 example_kwargs=example_kwargs, costs=costs)
+                                                 example_kwargs=example_kwargs, costs=costs, chunk_loss=chunk_loss)
                 except CaptureError as error:  # the whole model says it best, if it fails too
                     raise StampRefused(f"{blocks} blocks could not be traced: {error}") from error
         path = stack.path  # paths in the Problem are the model's (trace_step strips its loss wrapper)

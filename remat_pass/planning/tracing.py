@@ -19,6 +19,7 @@ from remat_pass.solvers.problem import Problem
 
 from ..annotate.annotate import META_KEY, AnnotatedGraph, annotate
 from ..capture.capture import capture
+from ..capture.loss_chunking import ChunkLoss
 from ..annotate.costs import CostModel, DeviceProfile
 from ..capture.inputs import call_inputs
 from ..compat import forget_compiled
@@ -76,6 +77,7 @@ def trace_step(
     *,
     example_kwargs: Mapping[str, Any] | None = None,
     costs: str = CostModel.ROOFLINE,
+    chunk_loss: ChunkLoss | None = None,
 ) -> TracedStep:
     """Capture and annotate one training step of ``model``; nothing is trained or modified.
 
@@ -84,6 +86,7 @@ def trace_step(
     **kwargs)``, when given, becomes part of the traced step; its values are planned too and
     belong to no module (``""``). ``costs`` prices recompute as for ``optimize`` ("measure" needs
     real tensors; traced from meta ones, the roofline prices the step and a warning says so).
+    ``chunk_loss`` chunks the step's language-model loss as training would (``capture.loss_chunking``).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"expected an nn.Module, got {type(model).__name__}")
@@ -91,7 +94,8 @@ def trace_step(
     target = model if loss_fn is None else _WithLoss(model, loss_fn)
     with phase("tracing the step", "traced the step"):
         try:
-            annotated = [annotate(joint, device, costs=costs) for joint in capture(target, call.args, call.kwargs)]
+            annotated = [annotate(joint, device, costs=costs)
+                         for joint in capture(target, call.args, call.kwargs, chunk_loss=chunk_loss)]
         finally:
             if loss_fn is not None:  # each trace compiles a new wrapper: never pile up to the recompile limit
                 forget_compiled(_WithLoss.forward)
@@ -123,7 +127,8 @@ def merge_problems(problems: Sequence[Problem]) -> Problem:
         steps[:0] = [dataclasses.replace(step, reads=tuple(i + first_id for i in step.reads))
                      for step in problem.backward_steps]
     return Problem(tuple(values), tuple(storage_bytes), frozenset(reads), device=problems[0].device,
-                   forward_outputs=frozenset(outputs), backward_steps=tuple(steps), costs=problems[0].costs)
+                   forward_outputs=frozenset(outputs), backward_steps=tuple(steps), costs=problems[0].costs,
+                   notes=tuple(note for problem in problems for note in problem.notes))
 
 
 def _strip_wrapper(problem: Problem) -> Problem:

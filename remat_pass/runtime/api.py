@@ -317,6 +317,7 @@ def optimize(
     dynamic: bool = False,
     plan_cache: Any = True,
     costs: str = CostModel.ROOFLINE,
+    chunk_loss: Any = None,
     **solver_options: Any,
 ) -> RematModule:
     """Wrap ``model`` so that its training step keeps at most ``budget`` activation bytes.
@@ -364,6 +365,11 @@ def optimize(
     recompile or a restarted job planning the same graph skips the solve: by default in
     ``~/.cache/remat_pass/plans``; a directory or ``plan_cache.PlanCache`` to choose, ``False`` for none.
 
+    ``chunk_loss`` computes a language-model loss (a linear head, row-wise ops, ``F.cross_entropy``)
+    in chunks of tokens, each chunk's logits recomputed in backward, so the ``tokens x vocab``
+    logits are never whole (``capture.loss_chunking``): None (default) when the budget cannot be
+    met otherwise, True always, False never, or a ``ChunkLoss`` (chunk size in bytes).
+
     >>> import remat_pass
     >>> from remat_pass.examples import gpt_example, lm_loss
     >>> model, tokens, targets = gpt_example()
@@ -379,7 +385,7 @@ def optimize(
     optimized = RematModule(
         model, budget, inner=inner, solver=solver, device=device, time_limit=time_limit, prove=prove,
         budget_kind=budget_kind, offload=offload, host_budget=host_budget, fullgraph=fullgraph, dynamic=dynamic,
-        plan_cache=plan_cache, costs=costs, **solver_options,
+        plan_cache=plan_cache, costs=costs, chunk_loss=chunk_loss, **solver_options,
     )
     if example_inputs is not None or example_kwargs is not None:
         call = call_inputs(example_inputs, example_kwargs)

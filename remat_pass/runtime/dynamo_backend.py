@@ -29,6 +29,7 @@ variables"), at each compile:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -43,6 +44,7 @@ from remat_pass.solvers.problem import Plan
 from ..planning.budget import Budget, parse_budget
 from ..annotate.attribution import module_path
 from ..capture.capture import INNER_COMPILERS, JointGraph, make_dynamo_backend
+from ..capture.loss_chunking import ChunkLoss, as_chunk_loss, chunk_for_budget, chunking_flops, worth_chunking
 from ..compat import has_custom_partitioner
 from ..annotate.costs import CostModel, DeviceProfile, parse_costs
 from ..rewrite.offload import check_offload_options, parse_host_budget
@@ -113,6 +115,13 @@ class RematBackend:
 
     ``time_limit`` and ``prove``: how long each graph's planning may take and whether it does the
     proof work (``pipeline.planning_effort``: by default 5 s and none, as for ``optimize``).
+
+    ``chunk_loss``: compute a language-model loss (linear head, row-wise chain, cross-entropy)
+    in chunks of tokens, recomputing each chunk's logits in backward (``capture.loss_chunking``):
+    True always, a ``ChunkLoss`` to set the chunk's bytes, False never; None (default) where the
+    budget cannot be met with the loss whole, or is met whole only with more recompute than
+    chunking costs and the chunked plan is cheaper (both are planned then, and ``on_plan`` sees
+    both); a step that fits without recompute is never changed.
     """
 
     def __init__(
@@ -133,8 +142,10 @@ class RematBackend:
         pieces: int = 1,
         plan_cache: PlanCache | str | os.PathLike[str] | bool | None = True,
         costs: str = CostModel.ROOFLINE,
+        chunk_loss: bool | ChunkLoss | None = None,
         **solver_options: Any,
     ) -> None:
+        chunking = as_chunk_loss(chunk_loss)  # a bad value is a TypeError now
         solvers.get_solver(solver)  # an unknown name is a ValueError naming the choices
         parsed = parse_budget(budget)
         resolve_budget_kind(parsed, budget_kind)  # reject a bad kind now, not at the first call
@@ -155,7 +166,8 @@ class RematBackend:
         self.plans: list[Plan] = []
         self._on_plan = on_plan
         self._lock = threading.Lock()
-        self._compile = make_dynamo_backend(self._partition, inner)
+        self._compile = make_dynamo_backend(self._partition, inner, chunking)
+        self._chunk_when_infeasible = chunk_loss is None
 
     def _partition(self, joint: JointGraph) -> tuple[fx.GraphModule, fx.GraphModule]:
         try:
@@ -174,7 +186,45 @@ class RematBackend:
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
         with phase(f"capturing and planning graph {len(self.plans) + 1}",
                    f"captured and planned graph {len(self.plans) + 1}"):
-            return self._compile(gm, example_inputs)
+            extra_flops = chunking_flops(gm) if self._chunk_when_infeasible else 0
+            if not extra_flops:
+                return self._compile(gm, example_inputs)
+            return self._whole_or_chunked(gm, example_inputs, extra_flops)
+
+    def _whole_or_chunked(self, gm: fx.GraphModule, example_inputs: list[Any], extra_flops: int) -> Any:
+        """``chunk_loss=None``: plan the graph as it is (without clamping). If the budget cannot be
+        met so, chunk the loss (``capture.loss_chunking``) and plan as the options say. If it is
+        met with more recompute than chunking's extra head matmul, plan the chunked graph too and
+        keep the cheaper (``worth_chunking``); the other's plan is dropped from ``plans``."""
+        options = self.options
+        self.options = dataclasses.replace(options, on_infeasible=OnInfeasible.RAISE)
+        try:
+            whole = self._compile(gm, example_inputs)
+        except solvers.BudgetInfeasibleError as error:
+            logger.info("the budget cannot be met with the loss whole (%s); chunking the loss", error)
+            self.options = options
+            return make_dynamo_backend(self._partition, self.inner, chunk_for_budget(error.budget_bytes))(
+                gm, example_inputs)
+        try:
+            plan = self.plans[-1]
+            if plan.budget_bytes is None or plan.recompute_flops <= extra_flops:
+                return whole
+            # The whole loss's compiled step no longer reads gm, which the chunking now rewrites.
+            try:
+                chunked = make_dynamo_backend(self._partition, self.inner, chunk_for_budget(plan.budget_bytes))(
+                    gm, example_inputs)
+            except solvers.BudgetInfeasibleError:
+                return whole
+            chunked_plan = self.plans[-1]
+            keep_chunked = worth_chunking(plan.recompute_flops, chunked_plan.recompute_flops, extra_flops)
+            logger.info("loss whole: %d recompute FLOPs; chunked: %d + %d for the head: keeping the %s loss",
+                        plan.recompute_flops, chunked_plan.recompute_flops, extra_flops,
+                        "chunked" if keep_chunked else "whole")
+            with self._lock:
+                self.plans.remove(plan if keep_chunked else chunked_plan)
+            return chunked if keep_chunked else whole
+        finally:
+            self.options = options
 
     def __repr__(self) -> str:
         per_piece = f", pieces={self.pieces}" if self.pieces > 1 else ""

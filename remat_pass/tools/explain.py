@@ -27,6 +27,8 @@ from ..annotate.costs import CostModel, DeviceProfile, parse_costs
 from ..planning.pipeline import BudgetKind, LossFn, PlanOptions, TracedStep, plan_problem, planning_effort
 from ..planning.repeated_blocks import trace_repeated
 from ..runtime.plan_cache import as_plan_cache
+from ..capture.loss_chunking import ChunkLoss
+from ..planning.plan_model import plan_or_chunk
 from .report import PlanReport
 
 Explanation = PlanReport
@@ -71,6 +73,7 @@ def explain(
     loss_fn: LossFn | None = None,
     depth: int | None = None,
     costs: str = CostModel.ROOFLINE,
+    chunk_loss: Any = None,
     **solver_options: Any,
 ) -> PlanReport:
     """Plan ``model``'s training step for ``budget`` and account for it module by module.
@@ -78,8 +81,17 @@ def explain(
     Nothing is trained: the step is traced once (see ``trace_step``). ``budget`` as for
     ``optimize``; an impossible one raises BudgetInfeasibleError with the smallest feasible.
     ``solver`` is any name in ``solvers.SOLVERS``; ``device`` picks the cost model and ``costs``
-    how it prices recompute ("roofline", "flops", "measure").
+    how it prices recompute ("roofline", "flops", "measure"). ``chunk_loss`` as for ``optimize``
+    (by default the loss is chunked only where the budget cannot be met otherwise; the report's
+    note then says so, with what it saved).
     """
-    # A stack of identical blocks is traced 4 blocks deep and stamped (planning.repeated_blocks).
-    traced = trace_repeated(model, example_inputs, loss_fn=loss_fn, device=device, costs=parse_costs(costs))
-    return explain_traced(traced, budget, solver, depth=depth, **solver_options)
+    costs = parse_costs(costs)
+
+    def trace(chunking: ChunkLoss | None) -> TracedStep:
+        # A stack of identical blocks is traced 4 blocks deep and stamped (planning.repeated_blocks).
+        return trace_repeated(model, example_inputs, loss_fn=loss_fn, device=device, costs=costs, chunk_loss=chunking)
+
+    def report(traced: TracedStep) -> PlanReport:
+        return explain_traced(traced, budget, solver, depth=depth, **dict(solver_options))
+
+    return plan_or_chunk(trace, chunk_loss, report, lambda made: made.plan)[1]

@@ -105,7 +105,7 @@ class PlanReport:
             f"{self._status()}); budget {self._budget()}: kept {self._kept()} ({plan.kept_fraction:.1%}); "
             f"recompute ~{plan.recompute_seconds * 1e3:.3f} ms, {format_flops(plan.recompute_flops)} "
             f"(+{self.flop_overhead:.1%} of the step's {format_flops(self.step_flops)})"
-        )
+        ) + "".join(f"; {note}" for note in plan.problem.notes)
 
     def text(self, limit: int = 200) -> str:
         """Plain text: totals, predicted memory, recompute overhead, then one row per module."""
@@ -120,6 +120,7 @@ class PlanReport:
             lines.append(f"  predicted peak   {format_bytes(plan.predicted_peak_bytes)} of activation memory in the "
                          "step (activations, their gradients and recomputed temporaries; no weights or optimizer "
                          "state)")
+        lines += [f"  note             {note}" for note in problem.notes]
         if plan.offloaded:
             lines.append(f"  offloaded        {format_bytes(plan.offloaded_bytes)} to host memory, "
                          f"{plan.exposed_transfer_seconds * 1e3:.3f} ms of transfer not hidden by compute")

@@ -1,0 +1,217 @@
+"""The chunked language-model loss (issue 33) on Hugging Face configs with real vocabularies.
+
+Per model (GPT-2, vocabulary 50257; Llama, 32000; Gemma, 256000; random init, loss inside the
+compiled step as ``benchmarks.models.LossOf`` spells it: ``F.cross_entropy(logits.flatten(0, -2), y)``),
+each row measured on its own by ``benchmarks.runner.measure_prepared`` (allocator-level activation
+peak, executed FLOPs by the profiler's count of dispatched matmuls, gradients):
+
+* ``eager``: the model as given (the FLOP and gradient reference);
+* ``ckpt``: Hugging Face's per-block checkpointing (``activation_checkpointing_enable``);
+* ``min_whole`` / ``min_chunked``: remat_pass at the lowest peak it reaches, the loss whole
+  (``chunk_loss=False``) and chunked (``chunk_loss=ChunkLoss(--min-chunk-mib)``, 1 MiB: the
+  lowest peak wants small chunks): the budget is the smallest one ``BudgetInfeasibleError``
+  names for a 1 KiB budget;
+* ``at_ckpt_whole`` / ``at_ckpt_auto`` / ``at_ckpt_chunked``: remat_pass given ``ckpt``'s measured
+  activation peak as a peak budget, the loss whole, ``chunk_loss=None`` (chunked only if the
+  budget cannot be met whole) and chunked (``--chunk-mib``, the default 16 MiB); extra FLOPs
+  over eager's, against ``ckpt``'s;
+* step time: ``keep_whole`` and ``keep_chunked`` (no budget, loss whole / chunked) in
+  interleaved rounds, chunked over whole per round (median).
+
+    python -m benchmarks.chunked_loss --out benchmarks/results/chunked_loss        # CPU, a few minutes
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+import remat_pass
+from benchmarks import metrics, runner
+from benchmarks.models import ModelSpec, Workload, build
+from benchmarks.strategies import Prepared, Strategy, prepare, step_with_loss
+from remat_pass.capture.loss_chunking import ChunkLoss
+
+log = logging.getLogger(__name__)
+
+Row = dict[str, Any]
+MiB = 2**20
+VOCABULARIES = {"hf_gpt2": 50257, "hf_llama": 32000, "hf_gemma": 256000}
+
+
+def remat_step(work: Workload, budget: object, chunk_loss: Any, time_limit: float) -> Prepared:
+    """remat_pass at a peak budget (None: keep everything, the saved fraction 1.0) with ``chunk_loss``;
+    may raise BudgetInfeasibleError."""
+    model = copy.deepcopy(work.model)
+    params = list(model.parameters())
+    started = time.perf_counter()
+    kwargs: dict[str, Any] = {"budget": 1.0} if budget is None else {"budget": budget, "budget_kind": "peak"}
+    optimized = remat_pass.optimize(step_with_loss(model, work.loss_fn), chunk_loss=chunk_loss, time_limit=time_limit,
+                                    plan_cache=False, example_inputs=(*work.inputs, work.target), **kwargs)
+    return Prepared(lambda: optimized(*work.inputs, work.target), model, params, eager=False,
+                    setup_seconds=time.perf_counter() - started, plan=lambda: optimized.plan,
+                    notes=list(optimized.plan.problem.notes))
+
+
+def lowest_peak(work: Workload, chunk_loss: Any, time_limit: float) -> int:
+    """The smallest peak budget remat_pass names when refused a 1 KiB one."""
+    try:
+        remat_step(work, "1KiB", chunk_loss, time_limit)
+    except remat_pass.BudgetInfeasibleError as error:
+        return int(error.min_bytes)
+    raise AssertionError("a 1 KiB peak budget was met")
+
+
+def measure(name: str, make: Callable[[], Prepared], work: Workload, cfg: runner.RunConfig,
+            reference: list[torch.Tensor | None] | None) -> tuple[Row, Prepared | None]:
+    runner.reset_between_rows()
+    started = time.perf_counter()
+    try:
+        prepared = make()
+        row, grads = runner.measure_prepared(prepared, work, cfg)
+    except remat_pass.BudgetInfeasibleError as error:
+        return {"row": name, "refused": True, "min_bytes": error.min_bytes, "error": str(error)[:300]}, None
+    if reference is not None:
+        diff = metrics.grad_difference(grads, reference)
+        row["grad_vs_eager_scaled"], row["grad_vs_eager_rel_l2"] = diff.scaled, diff.rel_l2
+    for key in ("grad_max_abs_diff", "grad_scaled_diff", "grad_rel_l2", "step_ms_all", "flops_by_op", "alloc_events"):
+        row.pop(key, None)
+    row.update(row=name, seconds=time.perf_counter() - started, grads=grads)
+    log.info("%s: peak %.1f MiB, %.3g FLOPs, %s", name, row["peak_act_bytes"] / MiB, row["flops"], row["notes"])
+    return row, prepared
+
+
+def interleaved(steps: dict[str, Prepared], rounds: int) -> dict[str, list[float]]:
+    """Seconds per step of each row, taken in turn every round (after one untimed round)."""
+    def call(prepared: Prepared) -> Callable[[], Any]:
+        def run() -> torch.Tensor:
+            prepared.zero_grad()
+            return prepared.step()
+        return run
+
+    calls = {name: call(p) for name, p in steps.items()}
+    for run in calls.values():
+        run()
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, run in calls.items():
+            times[name].append(metrics.timed_once(run, torch.device("cpu"))[1])
+    return times
+
+
+def run_model(kind: str, args: argparse.Namespace) -> dict[str, Any]:
+    spec = ModelSpec(kind=kind, layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq,
+                     batch=args.batch, vocab=VOCABULARIES[kind])
+    work = build(spec)
+    cfg = runner.RunConfig(warmup=1, repeats=1)
+    chunked = ChunkLoss(int(args.chunk_mib * MiB))
+    rows: dict[str, Row] = {}
+    eager, _ = measure("eager", lambda: prepare(Strategy.parse("none"), work), work, cfg, None)
+    reference = eager.pop("grads")
+    rows["eager"] = eager
+    rows["ckpt"], _ = measure("ckpt", lambda: prepare(Strategy.parse("checkpoint_blocks"), work), work, cfg, reference)
+    lowest = () if args.skip_lowest else (("min_whole", False), ("min_chunked", ChunkLoss(int(args.min_chunk_mib * MiB))))
+    for name, chunk_loss in lowest:
+        budget = lowest_peak(work, chunk_loss, args.time_limit)
+        rows[name], _ = measure(name, lambda: remat_step(work, budget, chunk_loss, args.time_limit), work, cfg,
+                                reference)
+        rows[name]["budget_bytes"] = budget
+    ckpt_peak = rows["ckpt"]["peak_act_bytes"]
+    for name, chunk_loss in (("at_ckpt_whole", False), ("at_ckpt_auto", None), ("at_ckpt_chunked", chunked)):
+        rows[name], _ = measure(name, lambda: remat_step(work, ckpt_peak, chunk_loss, args.time_limit), work, cfg,
+                                reference)
+        rows[name]["budget_bytes"] = ckpt_peak
+    timed: dict[str, Prepared] = {}
+    for name, chunk_loss in (("keep_whole", False), ("keep_chunked", chunked)):
+        rows[name], timed[name] = measure(name, lambda: remat_step(work, None, chunk_loss, args.time_limit), work,
+                                          cfg, reference)
+    times = interleaved(timed, args.rounds)
+    for row in rows.values():
+        row.pop("grads", None)
+    ratios = [c / w for c, w in zip(times["keep_chunked"], times["keep_whole"])]
+    return {"spec": spec.to_dict(), "rows": rows, "times_s": times, "time_ratio_median": statistics.median(ratios),
+            "rounds_chunked_faster": sum(r < 1 for r in ratios)}
+
+
+def summary(result: dict[str, Any]) -> list[str]:
+    """The model's lines of the markdown tables."""
+    rows = result["rows"]
+    eager_flops = rows["eager"]["flops"]
+
+    def peak(name: str) -> str:
+        row = rows.get(name, {"skipped": True})
+        return "skipped" if row.get("skipped") else "refused" if row.get("refused") else \
+            f"{row['peak_act_bytes'] / MiB:.1f}"
+
+    def extra(name: str) -> float | None:
+        row = rows[name]
+        return None if row.get("refused") else row["flops"] / eager_flops - 1
+
+    ckpt_extra = extra("ckpt")
+    lines = [f"| {result['spec']['label']} (V={result['spec']['vocab']}) | {peak('eager')} | {peak('ckpt')} | "
+             f"{peak('min_whole')} | {peak('min_chunked')} | "
+             + (f"{rows['min_whole']['peak_act_bytes'] / rows['min_chunked']['peak_act_bytes']:.2f}x"
+                if all(n in rows and not rows[n].get("refused") for n in ("min_whole", "min_chunked")) else "n/a")
+             + " |"]
+    for name in ("at_ckpt_whole", "at_ckpt_auto", "at_ckpt_chunked"):
+        e = extra(name)
+        ratio = "n/a" if e is None or not ckpt_extra else f"{e / ckpt_extra:.2f}"
+        lines.append(f"| {result['spec']['label']} | {name} | {peak(name)} | "
+                     f"{'n/a' if e is None else f'{e:+.1%}'} | {ckpt_extra:+.1%} | {ratio} | "
+                     f"{'chunked' if rows[name].get('notes') else 'whole'} |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(VOCABULARIES), choices=list(VOCABULARIES))
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--hidden", type=int, default=64)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--chunk-mib", type=float, default=16.0,
+                        help="ChunkLoss(chunk_bytes) of the at_ckpt_chunked and keep_chunked rows (the default's)")
+    parser.add_argument("--min-chunk-mib", type=float, default=1.0, help="ChunkLoss(chunk_bytes) of min_chunked")
+    parser.add_argument("--time-limit", type=float, default=10.0, help="optimize(time_limit=) per plan")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--skip-lowest", action="store_true", help="no min_whole / min_chunked rows")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    torch.set_num_threads(args.threads)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = {"argv": sys.argv, "torch": torch.__version__, "machine": platform.platform(), "models": {}}
+    for kind in args.models:
+        results["models"][kind] = run_model(kind, args)
+        (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    lines = ["| model | eager peak MiB | ckpt peak MiB | lowest, loss whole | lowest, chunked | whole / chunked |",
+             "|---|---|---|---|---|---|"]
+    extra = ["| model | row (budget = ckpt's measured peak) | peak MiB | extra FLOPs | ckpt's extra FLOPs | ratio | loss |",
+             "|---|---|---|---|---|---|---|"]
+    times = ["| model | keep-all step, chunked / whole (median of rounds) | rounds chunked faster |", "|---|---|---|"]
+    for result in results["models"].values():
+        first, *rest = summary(result)
+        lines.append(first)
+        extra.extend(rest)
+        times.append(f"| {result['spec']['label']} | {result['time_ratio_median']:.3f} | "
+                     f"{result['rounds_chunked_faster']}/{len(result['times_s']['keep_whole'])} |")
+    text = "\n".join([*lines, "", *extra, "", *times])
+    (args.out / "tables.md").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

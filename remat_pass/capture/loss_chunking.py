@@ -1,0 +1,294 @@
+"""Find a language-model loss in a Dynamo graph and compute it in chunks (``chunked_loss_op``).
+
+The region is matched by its class, not by one model's spelling: a ``linear`` whose output feeds,
+through a single-user chain of row-wise ops (views that keep the last dimension, ``.float()`` /
+``.to(torch.float32)``, ``/ c``, ``* c``, ``tanh``: HF's upcast, Gemma-2's softcapping), the input
+of ``F.cross_entropy`` on ``[tokens, vocab]`` logits and ``[tokens]`` targets. That is Hugging
+Face's ``ForCausalLMLoss`` / ``fixed_cross_entropy`` (transformers 5), ``remat_pass.examples.lm_loss``
+and a hand-written ``F.cross_entropy(model(x).flatten(0, 1), y)``. The whole region becomes one
+``remat_pass::chunked_linear_cross_entropy`` call, so AOTAutograd sees one forward node that saves
+only its inputs and one backward node that recomputes each chunk's logits.
+
+The rewrite runs on Dynamo's torch-level graph, before AOTAutograd: there the loss is still one
+``cross_entropy`` call with its keyword arguments, rather than its decomposition. Anything that
+does not match (logits also used elsewhere, such as returned to the user; legacy ``size_average``;
+3-d logits; autocast regions) is left as it is, and the reason logged at debug level.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import operator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import fx
+
+from .chunked_loss_op import REDUCTIONS, ChainStep, chain_dtype, encode_chain
+
+logger = logging.getLogger(__name__)
+
+MiB = 2**20
+DEFAULT_CHUNK_BYTES = 16 * MiB
+MIN_CHUNK_BYTES = 64 * 1024
+# Under a budget the loss could not meet whole, a chunk's logits get 1/16 of it: the op's working
+# set is at most 7 chunks (backward; measured 5-6, annotate.scratch), under half the budget.
+BUDGET_SHARE = 16
+_CE_SIGNATURE = inspect.signature(F.cross_entropy)
+_VIEWS = frozenset({"view", "reshape", "flatten", "contiguous"})
+_VIEW_FUNCTIONS = frozenset({torch.reshape, torch.flatten})
+_AUTOCAST = frozenset({torch.amp.autocast_mode._enter_autocast, torch.amp.autocast_mode._exit_autocast})
+
+
+@dataclass(frozen=True)
+class ChunkLoss:
+    """How a loss is chunked: ``chunk_bytes`` bounds one chunk's logits (in the loss's dtype).
+
+    16 MiB by default: the chunk's transient working set (logits, the chain's copies, log-probs,
+    their gradient: a few chunks' worth) stays a few tens of MiB, small beside a model's
+    activations, while a chunk still has enough rows (83 at a 50257 vocabulary in fp32, 16 at
+    256000) for the head's matmul to run at its full rate.
+    """
+
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+
+    def __post_init__(self) -> None:
+        if self.chunk_bytes < 1:
+            raise ValueError(f"chunk_bytes must be a positive number of bytes, got {self.chunk_bytes}")
+
+
+@dataclass(frozen=True)
+class ChunkedRegion:
+    """One loss that was chunked: its sizes and what chunking saves."""
+
+    tokens: int
+    hidden: int
+    vocab: int
+    chunk_rows: int
+    logits_bytes: int  # one [tokens, vocab] tensor in the loss's dtype
+    chain: str
+    reduction: str
+
+    @property
+    def chunks(self) -> int:
+        return -(-self.tokens // self.chunk_rows)
+
+    @property
+    def extra_flops(self) -> int:
+        """What chunking adds to the step: the head's matmul once more, in backward."""
+        return 2 * self.tokens * self.hidden * self.vocab
+
+
+def chunked_regions(graph: fx.Graph) -> list[ChunkedRegion]:
+    """The chunked losses of a graph after AOTAutograd (their forward op nodes)."""
+    regions = []
+    for node in graph.nodes:
+        if node.op == "call_function" and node.target is torch.ops.remat_pass.chunked_linear_cross_entropy.default:
+            hidden, weight = (a.meta["val"] for a in node.args[:2])
+            chain, reduction, rows = node.args[5], node.args[8], node.args[9]
+            tokens, vocab = int(hidden.shape[0]), int(weight.shape[0])
+            itemsize = torch.empty((), dtype=chain_dtype(chain, hidden.dtype)).element_size()
+            regions.append(ChunkedRegion(tokens, int(hidden.shape[1]), vocab, int(rows), tokens * vocab * itemsize,
+                                         chain, reduction))
+    return regions
+
+
+def describe(region: ChunkedRegion) -> str:
+    """One line for a plan's notes: that the loss was chunked, how, and what it saves."""
+    chunk = region.logits_bytes * region.chunk_rows // max(region.tokens, 1)
+    return (f"loss chunked: {region.tokens} tokens x {region.vocab} vocabulary in {region.chunks} chunks of "
+            f"{region.chunk_rows} rows (linear head{' + ' + region.chain if region.chain else ''} + cross_entropy, "
+            f"reduction {region.reduction}); the logits ({region.logits_bytes / MiB:.1f} MiB), their "
+            f"log-probabilities and gradient are never whole, one chunk's ({chunk / MiB:.1f} MiB) at a time; "
+            f"backward recomputes the head (+{2 * region.tokens * region.hidden * region.vocab / 1e9:.2f} GFLOP)")
+
+
+def chunk_for_budget(budget_bytes: int) -> ChunkLoss:
+    """The chunking ``chunk_loss=None`` picks for a budget the whole loss could not meet: a
+    chunk's logits at 1/16 of the budget, between 64 KiB and the default 16 MiB."""
+    return ChunkLoss(min(DEFAULT_CHUNK_BYTES, max(MIN_CHUNK_BYTES, budget_bytes // BUDGET_SHARE)))
+
+
+def as_chunk_loss(chunk_loss: "bool | ChunkLoss | None") -> ChunkLoss | None:
+    """The knob as a config: True -> the default ``ChunkLoss``; False/None -> none."""
+    if isinstance(chunk_loss, ChunkLoss):
+        return chunk_loss
+    if chunk_loss is True:
+        return ChunkLoss()
+    if chunk_loss in (False, None):
+        return None
+    raise TypeError(f"chunk_loss must be a bool, None or a ChunkLoss, got {chunk_loss!r}")
+
+
+def chunk_losses(gm: fx.GraphModule, config: ChunkLoss) -> list[ChunkedRegion]:
+    """Rewrite every matching loss region of Dynamo graph ``gm`` in place; what was chunked."""
+    if any(node.target in _AUTOCAST for node in gm.graph.nodes):
+        logger.debug("loss not chunked: the graph has an autocast region")
+        return []
+    regions = []
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is F.cross_entropy:
+            region = _chunk_one(gm.graph, node, config)
+            if region is not None:
+                regions.append(region)
+    if regions:
+        gm.graph.lint()
+        gm.recompile()
+    return regions
+
+
+def chunking_flops(gm: fx.GraphModule) -> int:
+    """The FLOPs chunking ``gm``'s losses would add (one more head matmul, 2·T·H·V, per loss
+    ``chunk_losses`` would rewrite); 0 when it would rewrite nothing. Nothing is changed."""
+    if any(node.target in _AUTOCAST for node in gm.graph.nodes):
+        return 0
+    total = 0
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is F.cross_entropy and (match := _match(node)) is not None:
+            tokens, (vocab, hidden) = _val(match.arguments["input"]).shape[0], _val(match.linear.args[1]).shape
+            total += 2 * int(tokens) * int(hidden) * int(vocab)
+    return total
+
+
+def worth_chunking(whole_recompute_flops: int, chunked_recompute_flops: int, extra_flops: int) -> bool:
+    """Whether the chunked plan is the cheaper one: its recompute plus chunking's extra head matmul
+    against the whole loss's plan's recompute (both meeting the same budget)."""
+    return chunked_recompute_flops + extra_flops < whole_recompute_flops
+
+
+@dataclass(frozen=True)
+class _Match:
+    linear: fx.Node
+    chain_nodes: tuple[fx.Node, ...]  # from the cross_entropy's input back to (not including) the linear
+    chain: str
+    arguments: dict[str, Any]
+
+
+def _val(node: Any) -> Any:
+    return node.meta.get("example_value", node.meta.get("val")) if isinstance(node, fx.Node) else None
+
+
+def _match(ce: fx.Node) -> _Match | None:
+    try:
+        bound = _CE_SIGNATURE.bind(*ce.args, **ce.kwargs)
+    except TypeError:
+        return _skip(ce, "its arguments do not bind to F.cross_entropy's signature")
+    bound.apply_defaults()
+    arguments = dict(bound.arguments)
+    if arguments["size_average"] is not None or arguments["reduce"] is not None:
+        return _skip(ce, "legacy size_average/reduce")
+    if any(isinstance(arguments[k], fx.Node) for k in ("ignore_index", "reduction", "label_smoothing")):
+        return _skip(ce, "ignore_index, reduction or label_smoothing is not a constant")
+    if arguments["reduction"] not in REDUCTIONS:
+        return _skip(ce, f"reduction {arguments['reduction']!r}")
+    logits, target = _val(arguments["input"]), _val(arguments["target"])
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or not isinstance(target, torch.Tensor) \
+            or target.dim() != 1 or target.is_floating_point():
+        return _skip(ce, "the logits are not [tokens, vocab] with [tokens] class indices")
+    steps, chain_nodes = [], []
+    node = arguments["input"]
+    while not (node.op == "call_function" and node.target is F.linear):
+        step = _chain_step(node)
+        if step is None or len(node.users) != 1:
+            return _skip(ce, f"{node.format_node()} is not a single-use row-wise op after a linear head")
+        if step != ():
+            steps.append(step)
+        chain_nodes.append(node)
+        node = node.args[1] if _scalar_first(node) else node.args[0]
+        if not isinstance(node, fx.Node):
+            return _skip(ce, "the chain does not start at a node")
+    if len(node.users) != 1:
+        return _skip(ce, "the head's logits are used elsewhere too (returned or read again): nothing to free")
+    weight = _val(node.args[1]) if len(node.args) > 1 else None
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[0] != logits.shape[-1]:
+        return _skip(ce, "the head's weight is not [vocab, hidden]")
+    return _Match(node, tuple(chain_nodes), encode_chain(list(reversed(steps))), arguments)
+
+
+def _chain_step(node: fx.Node) -> tuple[ChainStep, float | None] | tuple[()] | None:
+    """The chain step ``node`` is (``()`` for a view that keeps rows), or None if it is none."""
+    if node.op == "call_method":
+        if node.target in _VIEWS:
+            return () if _keeps_rows(node) else None
+        if node.target == "float" and len(node.args) == 1:
+            return ChainStep.FLOAT, None
+        if node.target == "to" and len(node.args) == 2 and node.args[1] is torch.float32 and not node.kwargs:
+            return ChainStep.FLOAT, None
+        if node.target == "tanh" and len(node.args) == 1:
+            return ChainStep.TANH, None
+        return None
+    if node.op != "call_function":
+        return None
+    if node.target in _VIEW_FUNCTIONS:
+        return () if _keeps_rows(node) else None
+    if node.target is torch.tanh and len(node.args) == 1 and not node.kwargs:
+        return ChainStep.TANH, None
+    if node.target in (operator.truediv, torch.div) and len(node.args) == 2 and not node.kwargs \
+            and _number(node.args[1]):
+        return ChainStep.DIV, float(node.args[1])
+    if node.target in (operator.mul, torch.mul) and len(node.args) == 2 and not node.kwargs:
+        if _number(node.args[1]):
+            return ChainStep.MUL, float(node.args[1])
+        if _scalar_first(node):
+            return ChainStep.MUL, float(node.args[0])
+    return None
+
+
+def _scalar_first(node: fx.Node) -> bool:
+    """``c * x``: the chain continues through ``args[1]``."""
+    return node.op == "call_function" and node.target in (operator.mul, torch.mul) and len(node.args) == 2 \
+        and _number(node.args[0])
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _keeps_rows(node: fx.Node) -> bool:
+    """A view/reshape whose input and output share the last dimension keeps each row whole."""
+    source, result = _val(node.args[0]), _val(node)
+    return isinstance(source, torch.Tensor) and isinstance(result, torch.Tensor) and source.dim() >= 1 \
+        and result.dim() >= 1 and source.shape[-1] == result.shape[-1]
+
+
+def _skip(ce: fx.Node, why: str) -> None:
+    logger.debug("loss not chunked at %s: %s", ce.format_node(), why)
+    return None
+
+
+def _chunk_one(graph: fx.Graph, ce: fx.Node, config: ChunkLoss) -> ChunkedRegion | None:
+    match = _match(ce)
+    if match is None:
+        return None
+    linear, arguments = match.linear, match.arguments
+    hidden, weight = linear.args[0], linear.args[1]
+    bias = linear.args[2] if len(linear.args) > 2 else linear.kwargs.get("bias")
+    hidden_val, weight_val, logits_val = _val(hidden), _val(weight), _val(arguments["input"])
+    tokens, vocab = int(logits_val.shape[0]), int(weight_val.shape[0])
+    if not isinstance(hidden_val, torch.Tensor) or hidden_val.numel() != tokens * int(weight_val.shape[1]):
+        return _skip(ce, "the head's input does not hold one row per target")
+    dtype = chain_dtype(match.chain, hidden_val.dtype)
+    row_bytes = vocab * torch.empty((), dtype=dtype).element_size()
+    rows = max(1, min(tokens, config.chunk_bytes // row_bytes))
+    with graph.inserting_before(ce):
+        flat = graph.call_function(torch.reshape, (hidden, (tokens, int(weight_val.shape[1]))))
+        loss = graph.call_function(
+            torch.ops.remat_pass.chunked_linear_cross_entropy.default,
+            (flat, weight, bias, arguments["target"], arguments["weight"], match.chain, int(arguments["ignore_index"]),
+             float(arguments["label_smoothing"]), arguments["reduction"], rows))
+    loss.meta.update({k: v for k, v in ce.meta.items() if k != "example_value"})
+    ce.replace_all_uses_with(loss)
+    for node in (ce, *match.chain_nodes, linear):
+        graph.erase_node(node)
+    region = ChunkedRegion(tokens, int(weight_val.shape[1]), vocab, rows, tokens * row_bytes, match.chain,
+                           arguments["reduction"])
+    logger.info("chunked the loss: %d tokens x %d vocabulary in %d chunks of %d rows", tokens, vocab,
+                region.chunks, rows)
+    return region
+
+
+__all__ = ["ChunkLoss", "ChunkedRegion", "DEFAULT_CHUNK_BYTES", "as_chunk_loss", "chunk_for_budget", "chunk_losses",
+           "chunked_regions", "chunking_flops", "describe", "worth_chunking"]

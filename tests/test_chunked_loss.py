@@ -1,0 +1,299 @@
+"""The chunked language-model loss (issue 33): the op against eager, the graph rewrite, the knob's
+automatic rule under a peak budget, explain's note, Hugging Face's own loss path, Inductor."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import remat_pass
+from remat_pass import BudgetInfeasibleError, ChunkLoss
+from remat_pass.capture.capture import capture
+from remat_pass.capture.chunked_loss_op import apply_chain, chunked_linear_cross_entropy
+from remat_pass.capture.loss_chunking import chunked_regions
+from remat_pass.runtime.measure import peak_activation_bytes
+from remat_pass.tools.explain import explain
+
+SOFTCAP = "div:30.0|tanh|mul:30.0|float"
+OP = torch.ops.remat_pass.chunked_linear_cross_entropy.default
+
+
+def _grads(loss: torch.Tensor, tensors: tuple[torch.Tensor, ...], grad: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return torch.autograd.grad(loss, tensors, grad)
+
+
+CASES = list(itertools.product(("mean", "sum", "none"), (0.0, 0.1), (False, True), ("", SOFTCAP)))
+
+
+@pytest.mark.parametrize("reduction,smoothing,weighted,chain", CASES)
+def test_op_matches_eager(reduction: str, smoothing: float, weighted: bool, chain: str) -> None:
+    """One chunk is eager's program, bit for bit; chunks of 8 rows differ by fp32 summation order only."""
+    torch.manual_seed(0)
+    tokens, hidden, vocab = 37, 16, 50
+    h = torch.randn(tokens, hidden, requires_grad=True)
+    w = torch.randn(vocab, hidden, requires_grad=True)
+    b = torch.randn(vocab, requires_grad=True)
+    target = torch.randint(0, vocab, (tokens,))
+    target[::5] = -100  # ignored tokens present
+    class_weight = torch.rand(vocab) if weighted else None
+    eager = F.cross_entropy(apply_chain(F.linear(h, w, b), chain), target, weight=class_weight, ignore_index=-100,
+                            reduction=reduction, label_smoothing=smoothing)
+    grad = torch.randn_like(eager)
+    expected = (eager, *_grads(eager, (h, w, b), grad))
+    for rows, exact in ((tokens, True), (8, False)):
+        loss = chunked_linear_cross_entropy(h, w, b, target, class_weight, chain, -100, smoothing, reduction, rows)
+        got = (loss, *_grads(loss, (h, w, b), grad))
+        for a, e in zip(got, expected):
+            if exact:
+                assert torch.equal(a, e)
+            else:
+                torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_head_is_as_accurate_as_eager() -> None:
+    """A bf16 head: the weight's gradient is accumulated over chunks in fp32, so chunking is no
+    further from the fp64 truth than eager's one matmul (within 10% of eager's own error)."""
+    torch.manual_seed(0)
+    h = torch.randn(64, 32, dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(500, 32, dtype=torch.bfloat16, requires_grad=True)
+    target = torch.randint(0, 500, (64,))
+    h64, w64 = (x.detach().double().requires_grad_() for x in (h, w))
+    truth = _grads(F.cross_entropy(F.linear(h64, w64), target), (h64, w64), torch.tensor(1.0, dtype=torch.float64))
+    eager = _grads(F.cross_entropy(F.linear(h, w).float(), target), (h, w), torch.tensor(1.0))
+    chunked = _grads(chunked_linear_cross_entropy(h, w, None, target, None, "float", -100, 0.0, "mean", 8), (h, w),
+                     torch.tensor(1.0))
+    for c, e, t in zip(chunked, eager, truth):
+        assert c.dtype == torch.bfloat16
+        assert (c.double() - t).abs().max() <= 1.1 * (e.double() - t).abs().max() + 1e-6
+
+
+def test_frozen_head_gets_no_weight_gradient() -> None:
+    h = torch.randn(9, 4, requires_grad=True)
+    w = torch.randn(11, 4)
+    target = torch.randint(0, 11, (9,))
+    loss = chunked_linear_cross_entropy(h, w, None, target, None, "", -100, 0.0, "mean", 4)
+    loss.backward()
+    assert w.grad is None and h.grad is not None
+    eager = torch.autograd.grad(F.cross_entropy(F.linear(h, w), target), h)[0]
+    torch.testing.assert_close(h.grad, eager, rtol=1e-6, atol=1e-7)
+
+
+class TinyLM(nn.Module):
+    """Embedding, one block, a head tied to the embedding, optionally softcapped; HF-style loss."""
+
+    def __init__(self, vocab: int = 96, hidden: int = 16, softcap: float | None = None,
+                 return_logits: bool = False) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, hidden)
+        self.block = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
+        self.head = nn.Linear(hidden, vocab, bias=False)
+        self.head.weight = self.embed.weight  # tied
+        self.softcap = softcap
+        self.return_logits = return_logits
+
+    def forward(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        logits = self.head(x + self.block(x))
+        if self.softcap is not None:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), labels.view(-1), ignore_index=-100,
+                               label_smoothing=0.05)
+        return (loss, logits) if self.return_logits else loss
+
+
+def _inputs(vocab: int = 96, batch: int = 2, seq: int = 24) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(3)
+    tokens = torch.randint(0, vocab, (batch, seq), generator=generator)
+    labels = torch.randint(0, vocab, (batch, seq), generator=generator)
+    labels[:, :3] = -100
+    return tokens, labels
+
+
+def _step(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    loss = model(*inputs)
+    loss = loss[0] if isinstance(loss, tuple) else loss
+    loss.backward()
+    return loss.detach(), {n.removeprefix("module."): p.grad.clone() for n, p in model.named_parameters()
+                           if p.grad is not None}
+
+
+def _assert_step_close(got, expected, exact: bool) -> None:
+    (loss, grads), (eager_loss, eager_grads) = got, expected
+    assert grads.keys() == eager_grads.keys()
+    for a, e in zip((loss, *grads.values()), (eager_loss, *eager_grads.values())):
+        if exact:
+            assert torch.equal(a, e)
+        else:
+            torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("softcap", [None, 30.0])
+def test_optimize_chunks_the_loss_with_eager_gradients(softcap: float | None) -> None:
+    torch.manual_seed(0)
+    model, inputs = TinyLM(softcap=softcap), _inputs()
+    expected = _step(model, inputs)
+    chunked = remat_pass.optimize(copy.deepcopy(model), chunk_loss=ChunkLoss(chunk_bytes=96 * 4 * 10),
+                                  plan_cache=False)
+    got = _step(chunked, inputs)
+    _assert_step_close(got, expected, exact=False)
+    (note,) = chunked.plan.problem.notes
+    assert "loss chunked: 48 tokens x 96 vocabulary in 5 chunks of 10 rows" in note
+    assert "div:30.0|tanh|mul:30.0|float" in note if softcap else "float" in note
+    assert "loss chunked" in chunked.plan.summary()
+
+
+def test_one_chunk_is_bit_exact() -> None:
+    torch.manual_seed(0)
+    model, inputs = TinyLM(), _inputs()
+    expected = _step(model, inputs)
+    got = _step(remat_pass.optimize(copy.deepcopy(model), chunk_loss=True, plan_cache=False), inputs)
+    _assert_step_close(got, expected, exact=True)
+
+
+def _chunked_nodes(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> list:
+    graphs = capture(model, inputs, chunk_loss=ChunkLoss())
+    return [region for joint in graphs for region in chunked_regions(joint.module.graph)]
+
+
+def test_logits_used_elsewhere_are_left_alone() -> None:
+    """The logits are also returned: chunking would free nothing, so the graph is not rewritten."""
+    model = TinyLM(return_logits=True)
+    assert _chunked_nodes(model, _inputs()) == []
+    assert len(_chunked_nodes(TinyLM(), _inputs())) == 1
+
+
+class Logits3d(nn.Module):
+    """cross_entropy over [batch, vocab, seq] logits: not the [tokens, vocab] class, left unchunked."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = nn.Linear(8, 32)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.head(x).transpose(1, 2), labels)
+
+
+def test_non_matching_graph_is_left_alone() -> None:
+    x, labels = torch.randn(2, 5, 8), torch.randint(0, 32, (2, 5))
+    assert _chunked_nodes(Logits3d(), (x, labels)) == []
+
+
+class Autocast(TinyLM):
+    def forward(self, tokens: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return super().forward(tokens, labels)
+
+
+def test_autocast_region_is_left_alone() -> None:
+    """Under autocast the head's dtype is autocast's choice, which the op does not replay."""
+    assert _chunked_nodes(Autocast(), _inputs()) == []
+
+
+def _hf(kind: str, vocab: int = 128) -> nn.Module:
+    transformers = pytest.importorskip("transformers")
+    common = dict(vocab_size=vocab, num_hidden_layers=1, bos_token_id=0, eos_token_id=1)
+    if kind == "gpt2":
+        config = transformers.GPT2Config(n_positions=32, n_embd=16, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0,
+                                         attn_pdrop=0.0, **common)
+    else:
+        config = transformers.LlamaConfig(hidden_size=16, intermediate_size=32, num_attention_heads=2,
+                                          num_key_value_heads=1, max_position_embeddings=32, pad_token_id=None,
+                                          **common)
+    model = (transformers.GPT2LMHeadModel if kind == "gpt2" else transformers.LlamaForCausalLM)(config)
+    # Named, so that Hugging Face's loss_function does not log (a graph break) looking for one.
+    model.loss_type = "ForCausalLM"
+    return model
+
+
+class HFLoss(nn.Module):
+    """Hugging Face's own loss path: ``labels=`` (ForCausalLMLoss: upcast, shift by padding, mean)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, labels=input_ids).loss
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_hugging_face_loss_path(kind: str) -> None:
+    torch.manual_seed(0)
+    model = HFLoss(_hf(kind)).train()
+    inputs = (torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1)),)
+    expected = _step(model, inputs)
+    chunked = remat_pass.optimize(copy.deepcopy(model), chunk_loss=ChunkLoss(chunk_bytes=128 * 4 * 8),
+                                  plan_cache=False)
+    _assert_step_close(_step(chunked, inputs), expected, exact=False)
+    assert "in 4 chunks of 8 rows" in chunked.plan.problem.notes[0]
+
+
+def test_explain_says_the_loss_was_chunked() -> None:
+    report = explain(TinyLM(), _inputs(), budget=1.0, chunk_loss=True, plan_cache=False)
+    assert "loss chunked: 48 tokens x 96 vocabulary" in report.text()
+    assert "loss chunked" in report.headline()
+
+
+def _measured_peak(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> int:
+    def step() -> None:
+        model(*inputs).backward()
+
+    step()  # warm-up: compile and plan outside the measurement
+    model.zero_grad(set_to_none=False)
+    return peak_activation_bytes(step, survivors=lambda: [p.grad for p in model.parameters()])[1]
+
+
+def test_peak_budget_below_the_unchunked_minimum_fits_by_chunking() -> None:
+    """chunk_loss=None: a peak budget the whole loss cannot meet is met with the loss chunked."""
+    torch.manual_seed(0)
+    vocab = 2048
+    model, inputs = TinyLM(vocab=vocab, hidden=16), _inputs(vocab=vocab, batch=2, seq=64)
+    with pytest.raises(BudgetInfeasibleError) as refused:
+        remat_pass.optimize(copy.deepcopy(model), budget="1KiB", budget_kind="peak", chunk_loss=False,
+                            example_inputs=inputs, plan_cache=False)
+    unchunked_min = refused.value.min_bytes
+    budget = int(unchunked_min * 0.6)
+    chunked = remat_pass.optimize(copy.deepcopy(model), budget=budget, budget_kind="peak",
+                                  chunk_loss=None, plan_cache=False)
+    assert _measured_peak(chunked, inputs) <= budget
+    assert chunked.plan.problem.notes
+    # A budget the whole loss meets is not chunked.
+    roomy = remat_pass.optimize(copy.deepcopy(model), budget=unchunked_min * 2, budget_kind="peak",
+                                chunk_loss=None, plan_cache=False)
+    _measured_peak(roomy, inputs)
+    assert roomy.plan.problem.notes == ()
+
+
+def test_inductor_runs_the_chunked_loss() -> None:
+    torch.manual_seed(0)
+    model, inputs = TinyLM(softcap=30.0), _inputs()
+    expected = _step(model, inputs)
+    compiled = remat_pass.optimize(copy.deepcopy(model), inner="inductor", chunk_loss=ChunkLoss(96 * 4 * 10),
+                                   plan_cache=False)
+    _assert_step_close(_step(compiled, inputs), expected, exact=False)
+    assert compiled.plan.problem.notes
+
+
+@pytest.mark.parametrize("chunked_is_cheaper", [False, True])
+def test_the_cheaper_of_whole_and_chunked_is_kept(monkeypatch, chunked_is_cheaper: bool) -> None:
+    """chunk_loss=None with a budget met whole by recomputing: both plans are made, the cheaper is
+    the one that runs and the only one in ``plans``; the whole one still runs after the graph it was
+    compiled from was rewritten for the chunked attempt (eager's gradients bit for bit)."""
+    from remat_pass.runtime import dynamo_backend
+
+    monkeypatch.setattr(dynamo_backend, "chunking_flops", lambda gm: 1)  # any recompute is dearer
+    monkeypatch.setattr(dynamo_backend, "worth_chunking", lambda whole, chunked, extra: chunked_is_cheaper)
+    torch.manual_seed(0)
+    model, inputs = TinyLM(), _inputs()
+    expected = _step(model, inputs)
+    optimized = remat_pass.optimize(copy.deepcopy(model), budget=0.3, chunk_loss=None, plan_cache=False)
+    got = _step(optimized, inputs)
+    assert len(optimized.pieces) == 1 and optimized.plan.recompute_flops > 0
+    assert bool(optimized.plan.problem.notes) is chunked_is_cheaper
+    _assert_step_close(got, expected, exact=not chunked_is_cheaper)
