@@ -270,6 +270,30 @@ def test_peak_budget_below_the_unchunked_minimum_fits_by_chunking() -> None:
     assert roomy.plan.problem.notes == ()
 
 
+def test_a_peak_fraction_is_of_the_whole_steps_peak_when_the_loss_is_chunked() -> None:
+    """A fraction means the step as written: chunking the loss must not re-resolve it against the
+    chunked step's own (different) keep-all peak."""
+    torch.manual_seed(0)
+    vocab = 2048
+    model, inputs = TinyLM(vocab=vocab, hidden=16), _inputs(vocab=vocab, batch=2, seq=64)
+    whole = remat_pass.optimize(copy.deepcopy(model), budget=1.0, budget_kind="peak", chunk_loss=False,
+                                example_inputs=inputs, plan_cache=False)
+    fraction = 0.4
+    chunked = remat_pass.optimize(copy.deepcopy(model), budget=fraction, budget_kind="peak", chunk_loss=None,
+                                  example_inputs=inputs, plan_cache=False)
+    assert chunked.plan.problem.notes  # 0.4 of the whole step's peak is out of the whole loss's reach
+    assert chunked.plan.budget_bytes == whole.plan.budget_bytes * fraction // 1
+    assert _measured_peak(chunked, inputs) <= chunked.plan.budget_bytes
+
+
+def test_a_loss_of_one_chunk_is_not_chunked_automatically() -> None:
+    """One chunk lowers no peak: the automatic rule leaves the loss whole (and refuses as before)."""
+    model, inputs = TinyLM(), _inputs()
+    with pytest.raises(BudgetInfeasibleError):
+        remat_pass.optimize(copy.deepcopy(model), budget="1KiB", budget_kind="peak", chunk_loss=None,
+                            example_inputs=inputs, plan_cache=False)
+
+
 def test_inductor_runs_the_chunked_loss() -> None:
     torch.manual_seed(0)
     model, inputs = TinyLM(softcap=30.0), _inputs()
@@ -289,6 +313,7 @@ def test_the_cheaper_of_whole_and_chunked_is_kept(monkeypatch, chunked_is_cheape
 
     monkeypatch.setattr(dynamo_backend, "chunking_flops", lambda gm: 1)  # any recompute is dearer
     monkeypatch.setattr(dynamo_backend, "worth_chunking", lambda whole, chunked, extra: chunked_is_cheaper)
+    monkeypatch.setattr(dynamo_backend, "would_split", lambda gm, chunking: True)  # TinyLM's loss is one chunk
     torch.manual_seed(0)
     model, inputs = TinyLM(), _inputs()
     expected = _step(model, inputs)

@@ -153,6 +153,21 @@ def chunking_flops(gm: fx.GraphModule) -> int:
     return total
 
 
+def would_split(gm: fx.GraphModule, config: ChunkLoss) -> bool:
+    """Whether chunking ``gm``'s losses with ``config`` cuts any into more than one chunk. One
+    chunk lowers no peak (the whole logits exist at once, in the op) and adds the head's matmul
+    and the op's working set, so the automatic rule never chunks then. Nothing is changed."""
+    if any(node.target in _AUTOCAST for node in gm.graph.nodes):
+        return False
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is F.cross_entropy and (match := _match(node)) is not None:
+            hidden, logits = _val(match.linear.args[0]), _val(match.arguments["input"])
+            row_bytes = int(logits.shape[-1]) * torch.empty((), dtype=chain_dtype(match.chain, hidden.dtype)).element_size()
+            if config.chunk_bytes // row_bytes < int(logits.shape[0]):
+                return True
+    return False
+
+
 def worth_chunking(whole_recompute_flops: int, chunked_recompute_flops: int, extra_flops: int) -> bool:
     """Whether the chunked plan is the cheaper one: its recompute plus chunking's extra head matmul
     against the whole loss's plan's recompute (both meeting the same budget)."""
@@ -291,4 +306,4 @@ def _chunk_one(graph: fx.Graph, ce: fx.Node, config: ChunkLoss) -> ChunkedRegion
 
 
 __all__ = ["ChunkLoss", "ChunkedRegion", "DEFAULT_CHUNK_BYTES", "as_chunk_loss", "chunk_for_budget", "chunk_losses",
-           "chunked_regions", "chunking_flops", "describe", "worth_chunking"]
+           "chunked_regions", "chunking_flops", "describe", "worth_chunking", "would_split"]

@@ -142,6 +142,14 @@ class PlanOptions:
 
 # --- the budget -------------------------------------------------------------------------------
 
+
+def pinned_budget(options: PlanOptions, budget_bytes: int, kind: str) -> PlanOptions:
+    """``options`` with the budget fixed at the bytes it meant for one graph, for a rewrite of that
+    graph (the loss chunked): a fraction is of the step as the user wrote it, and the rewritten
+    graph's own keep-all would resolve it to other bytes."""
+    return replace(options, budget=Budget(nbytes=budget_bytes), budget_kind=kind)
+
+
 # A peak budget is planned with headroom for what neither memory model shows: the few small
 # tensors the autograd runtime allocates around the graphs, and the allocator's rounding. Kernel
 # scratch is no longer part of it: annotate measures it per op (remat_pass.annotate.scratch). Derived from

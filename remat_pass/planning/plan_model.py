@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 import torch
@@ -38,7 +39,7 @@ from .budget import parse_budget
 from ..compat import fake_tensor_mode, is_fake
 from ..annotate.costs import CostModel, DeviceProfile, parse_costs
 from ..capture.inputs import call_inputs
-from ..capture.loss_chunking import ChunkLoss, as_chunk_loss, chunk_for_budget, chunked_regions, worth_chunking
+from ..capture.loss_chunking import ChunkLoss, as_chunk_loss, chunk_for_budget, worth_chunking
 from ..rewrite.offload import check_offload_options, parse_host_budget
 from ..runtime.plan_cache import as_plan_cache
 from .pipeline import (
@@ -48,6 +49,7 @@ from .pipeline import (
     PlanOptions,
     TracedStep,
     plan_problem,
+    pinned_budget,
     planning_effort,
     resolve_budget_kind,
 )
@@ -155,44 +157,64 @@ def plan_with_report(
     options = PlanOptions(parsed, solver, device, time_limit, budget_kind, dict(solver_options), offload=offload,
                           host_budget_bytes=parse_host_budget(host_budget), prove=prove,
                           plan_cache=as_plan_cache(plan_cache))
-    traced, made = plan_or_chunk(trace, chunk_loss, lambda step: plan_problem(step.problem, options).plan)
+    traced, made = plan_or_chunk(trace, chunk_loss,
+                                 lambda step, pin: plan_problem(step.problem, pin.applied_to(options) if pin else options).plan)
     return PlanReport(made, traced.step_flops, traced.forward_seconds, traced.pieces, budget=parsed,
                       depth=block_depth(made.problem))
 
 
 def plan_or_chunk(trace: Callable[[ChunkLoss | None], TracedStep], chunk_loss: Any,
-                  plan_traced: Callable[[TracedStep], T], plan_of: Callable[[T], Plan] = lambda p: p,
+                  plan_traced: Callable[[TracedStep, Pin | None], T], plan_of: Callable[[T], Plan] = lambda p: p,
                   ) -> tuple[TracedStep, T]:
     """Trace and plan the step. With ``chunk_loss=None``, the training backend's rule, so that
     ``plan`` and ``explain`` say what ``optimize`` does: when the budget cannot be met with the
-    loss whole and the step has a loss to chunk, trace it again with the loss chunked and plan
-    that; when it is met whole with recompute, plan the chunked step too and keep the cheaper
-    (``worth_chunking``). ``plan_of`` reads the ``Plan`` from what ``plan_traced`` returns."""
+    loss whole and chunking would cut the loss into several chunks, trace it again with the loss
+    chunked and plan that; when it is met whole with recompute, plan the chunked step too and keep
+    the cheaper (``worth_chunking``). ``plan_traced(traced, pin)`` plans one traced step, the
+    budget pinned to ``pin`` (the bytes it meant for the whole step: a fraction is of the step as
+    written) when given. ``plan_of`` reads the ``Plan`` from what ``plan_traced`` returns."""
     traced = trace(as_chunk_loss(chunk_loss))
     try:
-        whole = plan_traced(traced)
+        whole = plan_traced(traced, None)
     except solvers.BudgetInfeasibleError as error:
         if chunk_loss is not None:
             raise
         chunked = trace(chunk_for_budget(error.budget_bytes))
-        if not chunked.problem.notes:
+        if not _splits(chunked):
             raise
         logger.info("the budget cannot be met with the loss whole (%s); planned with the loss chunked", error)
-        return chunked, plan_traced(chunked)
+        return chunked, plan_traced(chunked, Pin(error.budget_bytes, error.kind))
     plan = plan_of(whole)
     if chunk_loss is not None or plan.budget_bytes is None or not plan.recompute_flops:
         return traced, whole
     chunked = trace(chunk_for_budget(plan.budget_bytes))
-    extra = sum(region.extra_flops for piece in chunked.annotated for region in chunked_regions(piece.joint.module.graph))
-    if not extra or plan.recompute_flops <= extra:
+    extra = sum(region.extra_flops for region in chunked.chunked)
+    if not extra or not _splits(chunked) or plan.recompute_flops <= extra:
         return traced, whole
     try:
-        cheaper = plan_traced(chunked)
+        cheaper = plan_traced(chunked, Pin(plan.budget_bytes, plan.budget_kind))
     except solvers.BudgetInfeasibleError:
         return traced, whole
     if worth_chunking(plan.recompute_flops, plan_of(cheaper).recompute_flops, extra):
         return chunked, cheaper
     return traced, whole
+
+
+@dataclass(frozen=True)
+class Pin:
+    """A budget fixed in bytes of a kind: what the user's budget meant for the step as written."""
+
+    budget_bytes: int
+    kind: str
+
+    def applied_to(self, options: PlanOptions) -> PlanOptions:
+        return pinned_budget(options, self.budget_bytes, self.kind)
+
+
+def _splits(traced: TracedStep) -> bool:
+    """Whether a step traced with the loss chunked has a loss cut into more than one chunk: one
+    chunk lowers no peak and adds the head's matmul, so the automatic rule never chunks then."""
+    return any(region.chunks > 1 for region in traced.chunked)
 
 
 def _output(output: Any, *_inputs: Any, **_kwargs: Any) -> Any:

@@ -145,7 +145,8 @@ def trace_repeated(
         return whole()
     per_block = shallow[TRACED].step_flops - shallow[TRACED - 1].step_flops
     logger.info("%s: %d blocks stamped from %d traced", stack.path, stack.depth, TRACED)
-    return TracedStep(problem, shallow[TRACED].step_flops + (stack.depth - TRACED) * per_block)
+    return TracedStep(problem, shallow[TRACED].step_flops + (stack.depth - TRACED) * per_block,
+                      chunked=shallow[TRACED].chunked)
 
 
 def block_labels(traced: TracedStep, stack_path: str, blocks: int) -> BlockLabels:

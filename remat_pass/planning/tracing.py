@@ -19,7 +19,7 @@ from remat_pass.solvers.problem import Problem
 
 from ..annotate.annotate import META_KEY, AnnotatedGraph, annotate
 from ..capture.capture import capture
-from ..capture.loss_chunking import ChunkLoss
+from ..capture.loss_chunking import ChunkedRegion, ChunkLoss, chunked_regions
 from ..annotate.costs import CostModel, DeviceProfile
 from ..capture.inputs import call_inputs
 from ..compat import forget_compiled
@@ -45,6 +45,9 @@ class TracedStep:
     step_flops: int
     pieces: int = 1
     annotated: tuple[AnnotatedGraph, ...] = field(default=(), repr=False, compare=False)
+    # The losses computed in chunks (capture.loss_chunking), kept apart from the graphs, which a
+    # stamped step (planning.repeated_blocks) does not have.
+    chunked: tuple[ChunkedRegion, ...] = ()
 
     @property
     def forward_seconds(self) -> float:
@@ -105,7 +108,9 @@ def trace_step(
     problem = merge_problems([a.problem for a in annotated])
     if loss_fn is not None:
         problem = _strip_wrapper(problem)
-    return TracedStep(problem=problem, step_flops=step_flops, pieces=len(annotated), annotated=tuple(annotated))
+    chunked = tuple(region for a in annotated for region in chunked_regions(a.joint.module.graph))
+    return TracedStep(problem=problem, step_flops=step_flops, pieces=len(annotated), annotated=tuple(annotated),
+                      chunked=chunked)
 
 
 def merge_problems(problems: Sequence[Problem]) -> Problem:

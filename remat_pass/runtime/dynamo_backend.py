@@ -44,7 +44,8 @@ from remat_pass.solvers.problem import Plan
 from ..planning.budget import Budget, parse_budget
 from ..annotate.attribution import module_path
 from ..capture.capture import INNER_COMPILERS, JointGraph, make_dynamo_backend
-from ..capture.loss_chunking import ChunkLoss, as_chunk_loss, chunk_for_budget, chunking_flops, worth_chunking
+from ..capture.loss_chunking import (ChunkLoss, as_chunk_loss, chunk_for_budget, chunking_flops, worth_chunking,
+                                     would_split)
 from ..compat import has_custom_partitioner
 from ..annotate.costs import CostModel, DeviceProfile, parse_costs
 from ..rewrite.offload import check_offload_options, parse_host_budget
@@ -59,6 +60,7 @@ from ..planning.pipeline import (
     PlanOptions,
     describe_piece,
     plan_joint_graph,
+    pinned_budget,
     planning_effort,
     resolve_budget_kind,
 )
@@ -201,18 +203,27 @@ class RematBackend:
         try:
             whole = self._compile(gm, example_inputs)
         except solvers.BudgetInfeasibleError as error:
+            chunking = chunk_for_budget(error.budget_bytes)
+            if not would_split(gm, chunking):  # one chunk would lower nothing: refuse or clamp, as asked
+                self.options = options
+                return self._compile(gm, example_inputs)
             logger.info("the budget cannot be met with the loss whole (%s); chunking the loss", error)
-            self.options = options
-            return make_dynamo_backend(self._partition, self.inner, chunk_for_budget(error.budget_bytes))(
-                gm, example_inputs)
+            self.options = pinned_budget(options, error.budget_bytes, error.kind)
+            try:
+                return make_dynamo_backend(self._partition, self.inner, chunking)(gm, example_inputs)
+            finally:
+                self.options = options
         try:
             plan = self.plans[-1]
             if plan.budget_bytes is None or plan.recompute_flops <= extra_flops:
                 return whole
+            chunking = chunk_for_budget(plan.budget_bytes)
+            if not would_split(gm, chunking):
+                return whole
             # The whole loss's compiled step no longer reads gm, which the chunking now rewrites.
+            self.options = pinned_budget(self.options, plan.budget_bytes, plan.budget_kind)
             try:
-                chunked = make_dynamo_backend(self._partition, self.inner, chunk_for_budget(plan.budget_bytes))(
-                    gm, example_inputs)
+                chunked = make_dynamo_backend(self._partition, self.inner, chunking)(gm, example_inputs)
             except solvers.BudgetInfeasibleError:
                 return whole
             chunked_plan = self.plans[-1]

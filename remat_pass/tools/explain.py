@@ -28,7 +28,7 @@ from ..planning.pipeline import BudgetKind, LossFn, PlanOptions, TracedStep, pla
 from ..planning.repeated_blocks import trace_repeated
 from ..runtime.plan_cache import as_plan_cache
 from ..capture.loss_chunking import ChunkLoss
-from ..planning.plan_model import plan_or_chunk
+from ..planning.plan_model import Pin, plan_or_chunk
 from .report import PlanReport
 
 Explanation = PlanReport
@@ -91,7 +91,9 @@ def explain(
         # A stack of identical blocks is traced 4 blocks deep and stamped (planning.repeated_blocks).
         return trace_repeated(model, example_inputs, loss_fn=loss_fn, device=device, costs=costs, chunk_loss=chunking)
 
-    def report(traced: TracedStep) -> PlanReport:
-        return explain_traced(traced, budget, solver, depth=depth, **dict(solver_options))
+    def report(traced: TracedStep, pin: Pin | None) -> PlanReport:
+        if pin is None:
+            return explain_traced(traced, budget, solver, depth=depth, **dict(solver_options))
+        return explain_traced(traced, pin.budget_bytes, solver, depth=depth, **{**solver_options, "budget_kind": pin.kind})
 
     return plan_or_chunk(trace, chunk_loss, report, lambda made: made.plan)[1]
