@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from dataclasses import replace
 from typing import Any, Callable
 
 import torch
@@ -43,9 +44,10 @@ from remat_pass.solvers.problem import Plan
 from ..planning.budget import Budget, parse_budget
 from ..annotate.attribution import module_path
 from ..capture.capture import INNER_COMPILERS, JointGraph, make_dynamo_backend
-from ..compat import has_custom_partitioner
+from ..compat import backward_compiled_with_forward, has_custom_partitioner
 from ..annotate.costs import CostModel, DeviceProfile, parse_costs
 from ..rewrite.offload import check_offload_options, parse_host_budget
+from .inductor_fit import SamePlan, fit_peak, plan_identity
 from .plan_cache import PlanCache, as_plan_cache
 from .plan_cache import from_text as plan_cache_from_text
 from ..planning.progress import phase
@@ -78,10 +80,6 @@ def backend_inner(inner: str | None, kind: BudgetKind = BudgetKind.SAVED) -> str
     if inner is not None:
         if inner not in INNER_COMPILERS:
             raise ValueError(f"inner must be one of {INNER_COMPILERS}, got {inner!r}")
-        if inner == "inductor" and kind is BudgetKind.PEAK:
-            logger.warning("inner='inductor' with a peak budget: the plan fits the budget in the unfused "
-                           "program's peak model, but Inductor's fused program peaks elsewhere (up to 22%% over "
-                           "in benchmarks/VS_INDUCTOR.md); inner='eager' keeps the peak within the budget")
         return inner
     if kind is BudgetKind.PEAK:
         return "eager"
@@ -156,30 +154,81 @@ class RematBackend:
         self._on_plan = on_plan
         self._lock = threading.Lock()
         self._compile = make_dynamo_backend(self._partition, inner)
+        # Inductor under a peak budget: the budget is fitted to the compiled program (inductor_fit).
+        self.fits_compiled_peak = inner == "inductor" and resolve_budget_kind(parsed, budget_kind) is BudgetKind.PEAK
+        self._fitting = threading.local()  # .asked, .seen, .made: one fitting attempt on this thread
+
+    def _options_now(self) -> PlanOptions:
+        """The options of this plan: a fitting attempt's own peak budget (``inductor_fit``), or the user's."""
+        asked = getattr(self._fitting, "asked", None)
+        if getattr(self._fitting, "seen", None) is None:
+            return self.options
+        fitted = replace(self.options, on_infeasible=OnInfeasible.RAISE)
+        return fitted if asked is None else replace(fitted, budget=Budget(nbytes=asked), budget_kind=BudgetKind.PEAK)
 
     def _partition(self, joint: JointGraph) -> tuple[fx.GraphModule, fx.GraphModule]:
+        fitting = getattr(self._fitting, "seen", None) is not None
         try:
-            planned = plan_joint_graph(joint, self.options)
+            planned = plan_joint_graph(joint, self._options_now())
         except solvers.BudgetInfeasibleError as error:
             error.args = (f"{error.args[0]} (graph {len(self.plans) + 1} compiled by this backend, covering "
                           f"{_describe_joint(joint)}). To plan such a piece at its own minimum instead, pass "
                           f"on_infeasible='clamp'.",)
             raise
-        with self._lock:
-            self.plans.append(planned.plan)
-        if self._on_plan is not None:
-            self._on_plan(planned.plan)
+        if fitting:
+            if plan_identity(planned.plan) in self._fitting.seen:
+                raise SamePlan()
+            self._fitting.made.append(planned.plan)
+        else:
+            self._record(planned.plan)
         return planned.forward, planned.backward
+
+    def _record(self, plan: Plan) -> None:
+        with self._lock:
+            self.plans.append(plan)
+        if self._on_plan is not None:
+            self._on_plan(plan)
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
         with phase(f"capturing and planning graph {len(self.plans) + 1}",
                    f"captured and planned graph {len(self.plans) + 1}"):
+            if self.fits_compiled_peak:
+                return self._compile_fitted(gm, example_inputs)
             return self._compile(gm, example_inputs)
+
+    def _compile_fitted(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+        """Compile with Inductor at the plan whose compiled step's measured peak fits the budget."""
+        def compile_at(asked: int | None, seen: set[tuple[frozenset[int], ...]]) -> tuple[Any, Plan]:
+            self._fitting.asked, self._fitting.seen, self._fitting.made = asked, seen, []
+            try:
+                with backward_compiled_with_forward():
+                    compiled = self._compile(gm, example_inputs)
+            finally:
+                made, self._fitting.seen = self._fitting.made, None
+            if not made:  # no backward, so nothing planned: nothing to fit
+                raise _Unplanned(compiled)
+            return compiled, made[-1]
+
+        try:
+            chosen = fit_peak(compile_at, example_inputs,
+                              clamp=OnInfeasible(self.options.on_infeasible) is OnInfeasible.CLAMP)
+        except _Unplanned as nothing:
+            return nothing.compiled
+        self._record(chosen.plan)
+        return chosen.compiled
 
     def __repr__(self) -> str:
         per_piece = f", pieces={self.pieces}" if self.pieces > 1 else ""
         return (f"RematBackend(budget={self.options.budget}{per_piece}, inner={self.inner!r}, "
                 f"solver={self.options.solver!r}, on_infeasible='{self.options.on_infeasible}')")
+
+
+class _Unplanned(Exception):
+    """A compile that planned nothing (a graph without backward): there is no peak to fit."""
+
+    def __init__(self, compiled: Any) -> None:
+        super().__init__("nothing planned")
+        self.compiled = compiled
 
 
 def _describe_joint(joint: JointGraph) -> str:
