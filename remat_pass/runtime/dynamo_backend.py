@@ -1,14 +1,16 @@
 """The ``torch.compile`` backend: each captured joint graph goes through ``pipeline.plan_joint_graph``.
 
 ``torch.compile(model, backend="remat")`` uses the default budget (see ``DEFAULT_BUDGET``);
-``torch.compile(model, backend=remat_pass.backend(budget="1GiB"))`` chooses. Under a saved-bytes
-budget (a fraction, the default) the two graphs a plan makes are compiled by Inductor
-(``BACKEND_INNER``): a user who chose ``torch.compile`` chose it for Inductor's speed, a backend
-that ran the step op by op is slower than the compile it replaced (benchmarks/GPU.md: 1.41x
-eager's step where Inductor took 0.90x), and what is kept for backward is the plan's whatever
-compiles it. Under a peak budget they run as FX code (``inner="eager"``): the peak model is of
-that program, and Inductor's fused one peaks elsewhere, over the budget on 12 of 23 rows of
-benchmarks/VS_INDUCTOR.md (up to 22%), so only eager keeps the promise.
+``torch.compile(model, backend=remat_pass.backend(budget="1GiB"))`` chooses. The two graphs a plan
+makes are compiled by Inductor (``BACKEND_INNER``): a user who chose ``torch.compile`` chose it for
+Inductor's speed, and a backend that ran the step op by op is slower than the compile it replaced
+(benchmarks/GPU.md: 1.41x eager's step where Inductor took 0.90x). Under a saved-bytes budget what
+is kept for backward is the plan's whatever compiles it. Under a peak budget the planner's peak
+model is of the unfused program, which Inductor's fused one does not follow (up to 22% over or
+15% under, benchmarks/VS_INDUCTOR.md), so the plan is fitted to the compiled program: candidate
+plans are compiled and their steps measured until one fits (``inductor_fit``); where none does,
+the graph runs eager (``inner="eager"``, whose peak the model describes), unless Inductor was
+asked for by name (then ``BudgetInfeasibleError``, or "clamp").
 The name "remat" is registered through the ``torch_dynamo_backends`` entry point in
 pyproject.toml, which is how torch discovers third-party backends.
 
@@ -74,15 +76,14 @@ BACKEND_INNER = "inductor"
 
 
 def backend_inner(inner: str | None, kind: BudgetKind = BudgetKind.SAVED) -> str:
-    """``inner``, or the backend's default for a budget of this ``kind``: eager for a peak budget
-    (the program whose peak is modeled); otherwise Inductor, where this torch lets a partitioner
-    of ours run inside it (``custom_partitioner_fn``), eager with a warning saying why if not."""
+    """``inner``, or the backend's default for a budget of either ``kind``: Inductor, where this
+    torch lets a partitioner of ours run inside it (``custom_partitioner_fn``), eager with a
+    warning saying why if not. Under a peak budget the plan is fitted to Inductor's compiled
+    program by measurement (``inductor_fit``); where that fails, the default falls back to eager."""
     if inner is not None:
         if inner not in INNER_COMPILERS:
             raise ValueError(f"inner must be one of {INNER_COMPILERS}, got {inner!r}")
         return inner
-    if kind is BudgetKind.PEAK:
-        return "eager"
     if BACKEND_INNER == "inductor" and not has_custom_partitioner():
         logger.warning("torch %s has no torch._inductor.config.custom_partitioner_fn: the remat backend "
                        "runs its graphs with inner='eager' (Inductor needs a newer torch)", torch.__version__)
@@ -142,6 +143,7 @@ class RematBackend:
         except ValueError:
             raise ValueError(f"on_infeasible must be 'raise' or 'clamp', got {on_infeasible!r}") from None
         parsed, budget_kind = _per_piece(parsed, budget_kind, pieces)
+        inner_chosen = inner is not None
         inner = backend_inner(inner, resolve_budget_kind(parsed, budget_kind))
         time_limit, prove = planning_effort(time_limit, prove)
         self.options = PlanOptions(parsed, solver, device, time_limit, budget_kind, solver_options, free_inputs,
@@ -156,6 +158,9 @@ class RematBackend:
         self._compile = make_dynamo_backend(self._partition, inner)
         # Inductor under a peak budget: the budget is fitted to the compiled program (inductor_fit).
         self.fits_compiled_peak = inner == "inductor" and resolve_budget_kind(parsed, budget_kind) is BudgetKind.PEAK
+        # Inductor by default, not by request: a budget it cannot be fitted to runs eager instead.
+        self._eager_fallback = (make_dynamo_backend(self._partition, "eager")
+                                if self.fits_compiled_peak and not inner_chosen else None)
         self._fitting = threading.local()  # .asked, .seen, .made: one fitting attempt on this thread
 
     def _options_now(self) -> PlanOptions:
@@ -209,11 +214,17 @@ class RematBackend:
                 raise _Unplanned(compiled)
             return compiled, made[-1]
 
+        clamp = OnInfeasible(self.options.on_infeasible) is OnInfeasible.CLAMP and self._eager_fallback is None
         try:
-            chosen = fit_peak(compile_at, example_inputs,
-                              clamp=OnInfeasible(self.options.on_infeasible) is OnInfeasible.CLAMP)
+            chosen = fit_peak(compile_at, example_inputs, clamp=clamp)
         except _Unplanned as nothing:
             return nothing.compiled
+        except solvers.BudgetInfeasibleError as error:
+            if self._eager_fallback is None:
+                raise
+            logger.warning("no plan compiled by Inductor measured within the peak budget (%s); running this graph "
+                           "with inner='eager', whose peak the planner models exactly", error.args[0])
+            return self._eager_fallback(gm, example_inputs)
         self._record(chosen.plan)
         return chosen.compiled
 

@@ -43,7 +43,7 @@ from .measure import allocator_peak
 
 logger = logging.getLogger(__name__)
 
-ATTEMPTS = 4
+ATTEMPTS = 6
 """Compiles one graph may take to fit its budget (each is a full Inductor compile: seconds to a
 minute on a CPU; the fitting is paid once per graph, at the first call)."""
 
@@ -120,13 +120,22 @@ when the plan made is one of the given identities."""
 
 
 def fit_peak(compile_at: CompileAt, inputs: Sequence[Any], *, attempts: int = ATTEMPTS,
-             tolerance: float = TOLERANCE, clamp: bool = False) -> Candidate:
+             tolerance: float = TOLERANCE, clamp: bool = False,
+             measure: Callable[[Callable[..., Any], Sequence[Any]], int | None] = measure_step_peak) -> Candidate:
     """Compile and measure until a plan's compiled step peaks within ``tolerance`` under its budget;
     the cheapest candidate within the budget (least predicted recompute time, then the highest
     peak). If none fits: ``BudgetInfeasibleError`` (the lowest measured peak as its minimum), or
-    with ``clamp`` the lowest-peaked candidate and a warning."""
+    with ``clamp`` the lowest-peaked candidate and a warning. ``measure`` is ``measure_step_peak``
+    (tests give a model of a compiler instead).
+
+    The next budget asked is the last one moved by the measured error (a secant step with slope
+    1), kept inside the bracket the attempts so far proved: above the highest the planner refused
+    or whose plan fitted, below the lowest whose plan measured over; outside it, the bracket's
+    middle. The planner's own lowest peak (a refusal's ``min_bytes``) is a search result, not a
+    bound, so a refusal only moves the bracket's floor."""
     candidates: list[Candidate] = []
     seen: set[tuple[frozenset[int], ...]] = set()
+    bracket = _Bracket()
     asked: int | None = None
     target: int | None = None
     refusal: solvers.BudgetInfeasibleError | None = None
@@ -136,24 +145,54 @@ def fit_peak(compile_at: CompileAt, inputs: Sequence[Any], *, attempts: int = AT
         except SamePlan:
             break
         except solvers.BudgetInfeasibleError as error:
-            if error.kind != "peak" or asked is not None and refusal is not None:
+            if error.kind != "peak":
                 raise
-            # The unfused model cannot reach the budget; the fused program may: try its lowest plan.
-            refusal, target, asked = error, error.budget_bytes, max(error.min_bytes, error.budget_bytes + 1)
+            # The unfused model cannot plan this low; the fused program of a plan above may fit.
+            refusal, target = error, error.budget_bytes if target is None else target
+            bracket.floor = max(bracket.floor, error.budget_bytes)
+            asked = bracket.inside(error.min_bytes if asked is None else None)
+            if asked is None:
+                break
             continue
         target = plan.budget_bytes if target is None else target
-        measured = measure_step_peak(compiled, inputs)
+        measured = measure(compiled, inputs)
         if target is None or measured is None:
             return Candidate(asked or 0, plan, measured or 0, compiled)
-        candidates.append(Candidate(asked if asked is not None else target, plan, measured, compiled))
+        this = asked if asked is not None else target
+        candidates.append(Candidate(this, plan, measured, compiled))
         seen.add(plan_identity(plan))
         logger.info("peak budget %d: plan asked for %d bytes (unfused model: %s) measures %d bytes compiled "
-                    "by Inductor (%.3f of the budget)", target, candidates[-1].asked, plan.predicted_peak_bytes,
+                    "by Inductor (%.3f of the budget)", target, this, plan.predicted_peak_bytes,
                     measured, measured / target)
         if target * (1 - tolerance) <= measured <= target or (measured <= target and not plan.recomputed):
             break
-        asked = max(candidates[-1].asked + int(target * (1 - tolerance / 2)) - measured, 1)
+        if measured > target:
+            bracket.ceiling = this if bracket.ceiling is None else min(bracket.ceiling, this)
+        else:
+            bracket.floor = max(bracket.floor, this)
+        asked = bracket.inside(this + int(target * (1 - tolerance / 2)) - measured)
+        if asked is None:
+            break
     return _choose(candidates, target, refusal, clamp)
+
+
+@dataclass
+class _Bracket:
+    """The budgets worth asking: above ``floor`` (refused, or its plan fitted), below ``ceiling``
+    (its plan measured over)."""
+
+    floor: int = 0
+    ceiling: int | None = None
+
+    def inside(self, proposal: int | None) -> int | None:
+        """``proposal`` if strictly inside, else the middle; None once the bracket is too narrow."""
+        if self.ceiling is not None and self.ceiling - self.floor <= max(self.ceiling // 200, 1):
+            return None
+        if proposal is not None and proposal > self.floor and (self.ceiling is None or proposal < self.ceiling):
+            return proposal
+        if self.ceiling is None:
+            return None if proposal is None else max(proposal, self.floor + 1)
+        return (self.floor + self.ceiling) // 2
 
 
 def _choose(candidates: list[Candidate], target: int | None,
