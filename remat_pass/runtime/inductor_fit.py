@@ -211,7 +211,11 @@ def _choose(candidates: list[Candidate], target: int | None,
                        "on_infeasible='clamp': running the lowest-peaked plan measured, %d bytes", target, lowest)
         return best
     keep_all = refusal.keep_all_bytes if refusal is not None else candidates[0].plan.predicted_peak_bytes or lowest
-    raise solvers.BudgetInfeasibleError(target or 0, lowest, keep_all, kind="peak") from refusal
+    error = solvers.BudgetInfeasibleError(target or 0, lowest, keep_all, kind="peak")
+    error.args = (f"{error.args[0]} (Measured: {len(candidates)} candidate plans compiled by Inductor, each step run "
+                  "once; the lowest is theirs. inner='eager' runs the unfused program, whose peak the planner "
+                  "models exactly, and may fit where Inductor's fused one does not.)",)
+    raise error from refusal
 
 
 def _as_budgeted(plan: Plan, target: int | None) -> Plan:
