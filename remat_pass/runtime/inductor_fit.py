@@ -72,10 +72,11 @@ def plan_identity(plan: Plan) -> tuple[frozenset[int], ...]:
 
 @contextlib.contextmanager
 def _no_trace(inputs: Sequence[Any]) -> Iterator[None]:
-    """Restore every input that needs no gradient (buffers a step updates in place, token ids) and
-    the random-number state of the inputs' devices after the block."""
+    """Restore every input that is neither a parameter nor needs a gradient (buffers a step updates in
+    place, token ids) and the random-number state of the inputs' devices after the block. Frozen
+    parameters are not copied (a fine-tuned model's frozen weights would be copied whole)."""
     tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
-    saved = [(x, x.detach().clone()) for x in tensors if not x.requires_grad]
+    saved = [(x, x.detach().clone()) for x in tensors if not x.requires_grad and not isinstance(x, torch.nn.Parameter)]
     devices = sorted({x.device.index or 0 for x in tensors if x.is_cuda})
     try:
         with torch.random.fork_rng(devices=devices):
