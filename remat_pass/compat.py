@@ -148,6 +148,17 @@ def has_custom_partitioner() -> bool:
     return hasattr(inductor_config, "custom_partitioner_fn")
 
 
+def backward_compiled_with_forward() -> Any:
+    """A context in which AOTAutograd compiles the backward graph with the forward, not lazily at
+    the first backward (``torch._functorch.config.force_non_lazy_backward_lowering``): a step run
+    inside a backend's compile (``runtime.inductor_fit`` measures one) cannot compile there."""
+    import torch._functorch.config as functorch_config
+
+    if not hasattr(functorch_config, "force_non_lazy_backward_lowering"):
+        return contextlib.nullcontext()
+    return functorch_config.patch(force_non_lazy_backward_lowering=True)
+
+
 def extract_fwd_bwd_modules(joint_module: fx.GraphModule, saved_values: Sequence[fx.Node],
                             saved_symbols: Sequence[fx.Node], num_fwd_outputs: int,
                             static_lifetime_input_indices: Sequence[int] | None = None,

@@ -11,7 +11,8 @@ def _eager_backend_unless_its_default_is_the_subject(request, monkeypatch):
     """The torch.compile backend compiles its graphs with Inductor by default, whose cold CPU
     compile takes 10-90 s a graph on this 2-core machine; tests marked ``backend_default`` run
     that default, the others the eager inner compiler (whose program the peak model describes
-    exactly). ``optimize`` is eager by default either way."""
+    exactly; under a peak budget Inductor is fitted by compiling and measuring candidates).
+    ``optimize`` is eager by default either way."""
     if request.node.get_closest_marker("backend_default") is None:
         from remat_pass.runtime import dynamo_backend
 

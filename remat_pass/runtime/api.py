@@ -351,6 +351,13 @@ def optimize(
     a 12- to 48-layer GPT, 4-60 s on 4-layer models; at 10 s, 8.9-9.0 s; by default, see
     ``benchmarks/SCALING.md`` ("Fast by default").
 
+    ``inner`` says which compiler runs the plan's two graphs: "eager" (the default) runs them op by
+    op, the program the peak model describes exactly; "inductor" compiles them with Inductor, faster,
+    and under a peak budget fits the plan to the compiled program by measurement (candidate plans
+    compiled and their steps measured on the first call's inputs, up to ``inductor_fit.ATTEMPTS``
+    compiles; ``remat_pass.runtime.inductor_fit``), raising BudgetInfeasibleError with the lowest
+    measured peak when none fits. The ``torch.compile`` backend defaults to Inductor instead.
+
     ``offload=True`` lets the planner also send saved activations to host memory over the
     device's host link where the transfer hides behind compute (``device`` must have one, e.g.
     "h100"; ``host_budget`` bounds the host bytes). On CUDA the step uses PyTorch's

@@ -1,14 +1,16 @@
 """The ``torch.compile`` backend: each captured joint graph goes through ``pipeline.plan_joint_graph``.
 
 ``torch.compile(model, backend="remat")`` uses the default budget (see ``DEFAULT_BUDGET``);
-``torch.compile(model, backend=remat_pass.backend(budget="1GiB"))`` chooses. Under a saved-bytes
-budget (a fraction, the default) the two graphs a plan makes are compiled by Inductor
-(``BACKEND_INNER``): a user who chose ``torch.compile`` chose it for Inductor's speed, a backend
-that ran the step op by op is slower than the compile it replaced (benchmarks/GPU.md: 1.41x
-eager's step where Inductor took 0.90x), and what is kept for backward is the plan's whatever
-compiles it. Under a peak budget they run as FX code (``inner="eager"``): the peak model is of
-that program, and Inductor's fused one peaks elsewhere, over the budget on 12 of 23 rows of
-benchmarks/VS_INDUCTOR.md (up to 22%), so only eager keeps the promise.
+``torch.compile(model, backend=remat_pass.backend(budget="1GiB"))`` chooses. The two graphs a plan
+makes are compiled by Inductor (``BACKEND_INNER``): a user who chose ``torch.compile`` chose it for
+Inductor's speed, and a backend that ran the step op by op is slower than the compile it replaced
+(benchmarks/GPU.md: 1.41x eager's step where Inductor took 0.90x). Under a saved-bytes budget what
+is kept for backward is the plan's whatever compiles it. Under a peak budget the planner's peak
+model is of the unfused program, which Inductor's fused one does not follow (up to 22% over or
+15% under, benchmarks/VS_INDUCTOR.md), so the plan is fitted to the compiled program: candidate
+plans are compiled and their steps measured until one fits (``inductor_fit``); where none does,
+the graph runs eager (``inner="eager"``, whose peak the model describes), unless Inductor was
+asked for by name (then ``BudgetInfeasibleError``, or "clamp").
 The name "remat" is registered through the ``torch_dynamo_backends`` entry point in
 pyproject.toml, which is how torch discovers third-party backends.
 
@@ -33,6 +35,7 @@ import dataclasses
 import logging
 import os
 import threading
+from dataclasses import replace
 from typing import Any, Callable
 
 import torch
@@ -46,9 +49,10 @@ from ..annotate.attribution import module_path
 from ..capture.capture import INNER_COMPILERS, JointGraph, make_dynamo_backend
 from ..capture.loss_chunking import (ChunkLoss, as_chunk_loss, chunk_for_budget, chunking_flops, worth_chunking,
                                      would_split)
-from ..compat import has_custom_partitioner
+from ..compat import backward_compiled_with_forward, has_custom_partitioner
 from ..annotate.costs import CostModel, DeviceProfile, parse_costs
 from ..rewrite.offload import check_offload_options, parse_host_budget
+from .inductor_fit import SamePlan, fit_peak, plan_identity
 from .plan_cache import PlanCache, as_plan_cache
 from .plan_cache import from_text as plan_cache_from_text
 from ..planning.progress import phase
@@ -76,19 +80,14 @@ BACKEND_INNER = "inductor"
 
 
 def backend_inner(inner: str | None, kind: BudgetKind = BudgetKind.SAVED) -> str:
-    """``inner``, or the backend's default for a budget of this ``kind``: eager for a peak budget
-    (the program whose peak is modeled); otherwise Inductor, where this torch lets a partitioner
-    of ours run inside it (``custom_partitioner_fn``), eager with a warning saying why if not."""
+    """``inner``, or the backend's default for a budget of either ``kind``: Inductor, where this
+    torch lets a partitioner of ours run inside it (``custom_partitioner_fn``), eager with a
+    warning saying why if not. Under a peak budget the plan is fitted to Inductor's compiled
+    program by measurement (``inductor_fit``); where that fails, the default falls back to eager."""
     if inner is not None:
         if inner not in INNER_COMPILERS:
             raise ValueError(f"inner must be one of {INNER_COMPILERS}, got {inner!r}")
-        if inner == "inductor" and kind is BudgetKind.PEAK:
-            logger.warning("inner='inductor' with a peak budget: the plan fits the budget in the unfused "
-                           "program's peak model, but Inductor's fused program peaks elsewhere (up to 22%% over "
-                           "in benchmarks/VS_INDUCTOR.md); inner='eager' keeps the peak within the budget")
         return inner
-    if kind is BudgetKind.PEAK:
-        return "eager"
     if BACKEND_INNER == "inductor" and not has_custom_partitioner():
         logger.warning("torch %s has no torch._inductor.config.custom_partitioner_fn: the remat backend "
                        "runs its graphs with inner='eager' (Inductor needs a newer torch)", torch.__version__)
@@ -123,7 +122,8 @@ class RematBackend:
     True always, a ``ChunkLoss`` to set the chunk's bytes, False never; None (default) where the
     budget cannot be met with the loss whole, or is met whole only with more recompute than
     chunking costs and the chunked plan is cheaper (both are planned then, and ``on_plan`` sees
-    both); a step that fits without recompute is never changed.
+    both); a step that fits without recompute is never changed. Not yet under the Inductor fit
+    (``inner="inductor"`` with a peak budget): there None means never; pass True or a ``ChunkLoss``.
     """
 
     def __init__(
@@ -157,6 +157,7 @@ class RematBackend:
         except ValueError:
             raise ValueError(f"on_infeasible must be 'raise' or 'clamp', got {on_infeasible!r}") from None
         parsed, budget_kind = _per_piece(parsed, budget_kind, pieces)
+        inner_chosen = inner is not None
         inner = backend_inner(inner, resolve_budget_kind(parsed, budget_kind))
         time_limit, prove = planning_effort(time_limit, prove)
         self.options = PlanOptions(parsed, solver, device, time_limit, budget_kind, solver_options, free_inputs,
@@ -170,24 +171,49 @@ class RematBackend:
         self._lock = threading.Lock()
         self._compile = make_dynamo_backend(self._partition, inner, chunking)
         self._chunk_when_infeasible = chunk_loss is None
+        # Inductor under a peak budget: the budget is fitted to the compiled program (inductor_fit).
+        self.fits_compiled_peak = inner == "inductor" and resolve_budget_kind(parsed, budget_kind) is BudgetKind.PEAK
+        # Inductor by default, not by request: a budget it cannot be fitted to runs eager instead.
+        self._eager_fallback = (make_dynamo_backend(self._partition, "eager", chunking)
+                                if self.fits_compiled_peak and not inner_chosen else None)
+        self._fitting = threading.local()  # .asked, .seen, .made: one fitting attempt on this thread
+
+    def _options_now(self) -> PlanOptions:
+        """The options of this plan: a fitting attempt's own peak budget (``inductor_fit``), or the user's."""
+        asked = getattr(self._fitting, "asked", None)
+        if getattr(self._fitting, "seen", None) is None:
+            return self.options
+        fitted = replace(self.options, on_infeasible=OnInfeasible.RAISE)
+        return fitted if asked is None else replace(fitted, budget=Budget(nbytes=asked), budget_kind=BudgetKind.PEAK)
 
     def _partition(self, joint: JointGraph) -> tuple[fx.GraphModule, fx.GraphModule]:
+        fitting = getattr(self._fitting, "seen", None) is not None
         try:
-            planned = plan_joint_graph(joint, self.options)
+            planned = plan_joint_graph(joint, self._options_now())
         except solvers.BudgetInfeasibleError as error:
             error.args = (f"{error.args[0]} (graph {len(self.plans) + 1} compiled by this backend, covering "
                           f"{_describe_joint(joint)}). To plan such a piece at its own minimum instead, pass "
                           f"on_infeasible='clamp'.",)
             raise
-        with self._lock:
-            self.plans.append(planned.plan)
-        if self._on_plan is not None:
-            self._on_plan(planned.plan)
+        if fitting:
+            if plan_identity(planned.plan) in self._fitting.seen:
+                raise SamePlan()
+            self._fitting.made.append(planned.plan)
+        else:
+            self._record(planned.plan)
         return planned.forward, planned.backward
+
+    def _record(self, plan: Plan) -> None:
+        with self._lock:
+            self.plans.append(plan)
+        if self._on_plan is not None:
+            self._on_plan(plan)
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
         with phase(f"capturing and planning graph {len(self.plans) + 1}",
                    f"captured and planned graph {len(self.plans) + 1}"):
+            if self.fits_compiled_peak:  # the automatic chunking is not tried under the Inductor fit
+                return self._compile_fitted(gm, example_inputs)
             extra_flops = chunking_flops(gm) if self._chunk_when_infeasible else 0
             if not extra_flops:
                 return self._compile(gm, example_inputs)
@@ -237,10 +263,45 @@ class RematBackend:
         finally:
             self.options = options
 
+    def _compile_fitted(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+        """Compile with Inductor at the plan whose compiled step's measured peak fits the budget."""
+        def compile_at(asked: int | None, seen: set[tuple[frozenset[int], ...]]) -> tuple[Any, Plan]:
+            self._fitting.asked, self._fitting.seen, self._fitting.made = asked, seen, []
+            try:
+                with backward_compiled_with_forward():
+                    compiled = self._compile(gm, example_inputs)
+            finally:
+                made, self._fitting.seen = self._fitting.made, None
+            if not made:  # no backward, so nothing planned: nothing to fit
+                raise _Unplanned(compiled)
+            return compiled, made[-1]
+
+        clamp = OnInfeasible(self.options.on_infeasible) is OnInfeasible.CLAMP and self._eager_fallback is None
+        try:
+            chosen = fit_peak(compile_at, example_inputs, clamp=clamp)
+        except _Unplanned as nothing:
+            return nothing.compiled
+        except solvers.BudgetInfeasibleError as error:
+            if self._eager_fallback is None:
+                raise
+            logger.warning("no plan compiled by Inductor measured within the peak budget (%s); running this graph "
+                           "with inner='eager', whose peak the planner models exactly", error.args[0])
+            return self._eager_fallback(gm, example_inputs)
+        self._record(chosen.plan)
+        return chosen.compiled
+
     def __repr__(self) -> str:
         per_piece = f", pieces={self.pieces}" if self.pieces > 1 else ""
         return (f"RematBackend(budget={self.options.budget}{per_piece}, inner={self.inner!r}, "
                 f"solver={self.options.solver!r}, on_infeasible='{self.options.on_infeasible}')")
+
+
+class _Unplanned(Exception):
+    """A compile that planned nothing (a graph without backward): there is no peak to fit."""
+
+    def __init__(self, compiled: Any) -> None:
+        super().__init__("nothing planned")
+        self.compiled = compiled
 
 
 def _describe_joint(joint: JointGraph) -> str:

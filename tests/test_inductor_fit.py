@@ -1,0 +1,207 @@
+"""Fitting a peak budget to the compiled program (``remat_pass.runtime.inductor_fit``).
+
+The search is tested against models of a compiler (a measured peak that is a known function of
+the budget the planner was asked for), with exact numbers; the measurement on a real step, with
+exact allocator bytes; and one step compiled by Inductor end to end (marked ``backend_default``).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+import remat_pass
+from remat_pass import BudgetInfeasibleError
+from remat_pass.runtime.inductor_fit import SamePlan, fit_peak, measure_step_peak, plan_identity
+from remat_pass.runtime.measure import allocator_peak
+
+from .helpers import run_step
+from .models import make_case
+
+B = 1_000_000  # the user's peak budget in the models below
+
+
+@dataclass(frozen=True)
+class FakePlan:
+    """What the fitting reads of a plan; one plan per budget asked (``asked`` makes it distinct)."""
+
+    asked: int
+    budget_bytes: int
+    predicted_extra_seconds: float
+    recomputed: frozenset[int] = frozenset({1})
+    kept: frozenset[int] = frozenset()
+    offloaded: frozenset[int] = frozenset()
+    refreshed: frozenset[int] = field(default_factory=frozenset)
+    predicted_peak_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kept", frozenset({self.asked}))
+
+
+class Compiler:
+    """A model of planning then compiling: ``measured(asked)`` is the compiled step's peak of the
+    plan made at a peak budget of ``asked`` bytes (None: the user's ``B``). Plans asked below
+    ``floor`` are refused, as the unfused model refuses them; less budget costs more recompute."""
+
+    def __init__(self, measured, floor: int = 0, same_below: int | None = None) -> None:
+        self.measured, self.floor, self.same_below = measured, floor, same_below
+        self.asked: list[int | None] = []
+
+    def __call__(self, asked, seen):
+        self.asked.append(asked)
+        budget = B if asked is None else asked
+        if budget < self.floor:
+            raise BudgetInfeasibleError(budget, self.floor, 2 * B, kind="peak")
+        if self.same_below is not None:
+            budget = max(budget, self.same_below)  # the model has no cheaper plan below this
+        plan = FakePlan(budget, budget, predicted_extra_seconds=(2 * B - budget) / B)
+        if plan_identity(plan) in seen:
+            raise SamePlan()
+        return budget, plan  # the "compiled step" is the budget it was planned at
+
+    def measure(self, compiled, inputs):
+        return self.measured(compiled)
+
+
+def test_a_compiled_program_over_its_model_is_planned_lower_until_it_fits():
+    """Inductor's program peaks 20% over the model: 1.2 B, then 0.942 B (too far under), then
+    0.9936 B (within 3% under): three compiles, and the one that runs is within the budget."""
+    compiler = Compiler(lambda asked: int(asked * 1.2))
+    chosen = fit_peak(compiler, (), measure=compiler.measure)
+    assert compiler.asked == [None, 785_000, 828_000]
+    assert chosen.measured_bytes == 993_600
+    assert chosen.plan.budget_bytes == B  # the record says the user's budget, not the asked one
+
+
+def test_a_compiled_program_under_its_model_is_given_more_and_recomputes_less():
+    compiler = Compiler(lambda asked: int(asked * 0.8))
+    chosen = fit_peak(compiler, (), measure=compiler.measure)
+    assert compiler.asked[:2] == [None, 1_185_000]
+    assert B * 0.97 <= chosen.measured_bytes <= B
+    assert chosen.plan.predicted_extra_seconds < (2 * B - B) / B  # cheaper than the first plan
+
+
+def test_a_budget_the_unfused_model_refuses_is_kept_when_the_fused_program_fits():
+    """The refusal path (HF BERT under per-block checkpointing's peak, benchmarks/VS_INDUCTOR.md):
+    the model's lowest plan is compiled and measured instead of refused."""
+    compiler = Compiler(lambda asked: int(asked * 0.7), floor=1_200_000)
+    chosen = fit_peak(compiler, (), measure=compiler.measure)
+    assert compiler.asked[:2] == [None, 1_200_000]
+    assert chosen.measured_bytes <= B
+
+
+def test_no_candidate_within_the_budget_is_a_refusal_with_the_lowest_measured_peak(caplog):
+    """Every plan measures twice its budget and none can be made below 900 kB: the search brackets
+    (1 MB over; 500, 750, 875 kB refused; 937.5 and 906.25 kB over) and refuses with the lowest
+    peak it measured, or with ``clamp`` runs that plan."""
+    compiler = Compiler(lambda asked: 2 * asked, floor=900_000)
+    with pytest.raises(BudgetInfeasibleError) as refused:
+        fit_peak(compiler, (), measure=compiler.measure)
+    assert compiler.asked == [None, 500_000, 750_000, 875_000, 937_500, 906_250]
+    assert refused.value.budget_bytes == B and refused.value.min_bytes == 1_812_500
+    assert refused.value.kind == "peak"
+    with caplog.at_level(logging.WARNING, logger="remat_pass.runtime.inductor_fit"):
+        clamped = fit_peak(Compiler(lambda asked: 2 * asked, floor=900_000), (), measure=compiler.measure, clamp=True)
+    assert clamped.measured_bytes == 1_812_500
+    assert any("on_infeasible='clamp'" in record.getMessage() for record in caplog.records)
+
+
+def test_a_replan_that_gives_a_plan_already_measured_ends_the_search():
+    compiler = Compiler(lambda asked: 2 * asked, same_below=B)
+    with pytest.raises(BudgetInfeasibleError):
+        fit_peak(compiler, (), measure=compiler.measure)
+    assert compiler.asked == [None, 500_000]  # the plan made at 500 kB is the one made at 1 MB
+
+
+def test_a_plan_that_recomputes_nothing_is_not_given_more():
+    compiler = Compiler(lambda asked: asked // 2)
+    chosen = fit_peak(lambda asked, seen: (B // 2, FakePlan(B, B, 0.0, recomputed=frozenset())), (),
+                      measure=compiler.measure)
+    assert chosen.measured_bytes == B // 4
+
+
+def test_the_measured_step_peak_is_the_allocators_and_leaves_no_trace():
+    """A step of 1000 floats: ``x * w`` (4000 B) and its sum (4 B) live together; the gradient of
+    ``w`` is returned (left out). The in-place update of a buffer input and the random draw are
+    undone."""
+    x = torch.randn(1000)
+    w = torch.randn(1000, requires_grad=True)
+    buffer = torch.zeros(3)
+
+    def step(x, w, buffer):
+        buffer.add_(1)
+        return (x * w).sum() + torch.rand(()) * 0
+
+    state = torch.get_rng_state()
+    peak = measure_step_peak(step, (x, w, buffer))
+    assert peak == 4000 + 4  # the product and its sum; the scalar temporaries come after the product is freed
+    assert torch.equal(buffer, torch.zeros(3)) and torch.equal(torch.get_rng_state(), state)
+    assert w.grad is None
+    assert measure_step_peak(lambda x: x * 2, (x,)) is None  # no gradient wanted: nothing to fit
+
+
+@pytest.mark.backend_default
+def test_inductor_under_a_peak_budget_measures_within_it_with_inductors_gradients():
+    """The promise end to end: the GPT step (dropout on) compiled by Inductor at a peak budget of
+    0.8 of what torch.compile's own step measures; the fitted step measures within it, and its
+    loss and gradients equal Inductor's without remat bit for bit, dropout masks included (Inductor's
+    own RNG draws the same masks; no random op runs twice)."""
+    model, inputs, loss_fn = make_case("gpt")
+    reference = copy.deepcopy(model)
+
+    def step_of(module, compiled):
+        def step():
+            torch.manual_seed(7)
+            loss = loss_fn(compiled(*inputs), *inputs)
+            loss.backward()
+            return loss
+        return step
+
+    plain = torch.compile(reference)
+    step_of(reference, plain)()  # compiled, and warm
+    reference.zero_grad(set_to_none=True)
+    incumbent = allocator_peak(step_of(reference, plain), "cpu", lambda: [p.grad for p in reference.parameters()])
+    budget = int(0.8 * incumbent.peak_excluding)
+    backend = remat_pass.backend(budget=budget, budget_kind="peak", inner="inductor")
+    assert backend.fits_compiled_peak
+    compiled = torch.compile(model, backend=backend)
+    step_of(model, compiled)()
+    model.zero_grad(set_to_none=True)
+    measured = allocator_peak(step_of(model, compiled), "cpu", lambda: [p.grad for p in model.parameters()])
+    assert measured.peak_excluding <= budget
+    assert len(backend.plans) == 1 and backend.plans[0].budget_bytes == budget and backend.plans[0].recomputed
+    model.zero_grad(set_to_none=True)
+    reference.zero_grad(set_to_none=True)
+    assert torch.equal(step_of(model, compiled)(), step_of(reference, plain)())
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert torch.equal(p.grad, q.grad), name
+
+
+@pytest.mark.backend_default
+def test_a_budget_inductor_cannot_be_fitted_to_runs_eager_when_inductor_was_only_the_default(monkeypatch, caplog):
+    """The fitting fails (made to, here: no Inductor compile runs); the default backend then plans
+    and runs the graph eager, the step equal to eager's bit for bit; asked for by name, it refuses."""
+    from remat_pass.runtime import dynamo_backend
+
+    def refuse(compile_at, inputs, **options):
+        raise BudgetInfeasibleError(10**6, 2 * 10**6, 3 * 10**6, kind="peak")
+
+    monkeypatch.setattr(dynamo_backend, "fit_peak", refuse)
+    model, inputs, loss_fn = make_case("mlp")
+    expected = run_step(copy.deepcopy(model), copy.deepcopy(model), inputs, loss_fn)
+    backend = remat_pass.backend(budget="10MB")
+    assert backend.inner == "inductor" and backend.fits_compiled_peak
+    with caplog.at_level(logging.WARNING, logger="remat_pass.runtime.dynamo_backend"):
+        actual = run_step(model, torch.compile(model, backend=backend), inputs, loss_fn)
+    assert torch.equal(actual.loss, expected.loss)
+    assert all(torch.equal(actual.grads[name], grad) for name, grad in expected.grads.items())
+    assert len(backend.plans) == 1 and backend.plans[0].budget_bytes == 10**7
+    assert any("running this graph with inner='eager'" in record.getMessage() for record in caplog.records)
+    torch._dynamo.reset()
+    asked = remat_pass.backend(budget="10MB", inner="inductor")
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="BudgetInfeasibleError"):
+        run_step(model, torch.compile(model, backend=asked), inputs, loss_fn)
