@@ -221,7 +221,7 @@ def _run_explain(args: argparse.Namespace) -> int:
     from remat_pass.errors import BudgetInfeasibleError, InvalidBudgetError, RematError
     from remat_pass.tools.explain import explain_traced
     from remat_pass.rewrite.offload import check_offload_options
-    from remat_pass.planning.pipeline import trace_step
+    from remat_pass.planning.repeated_blocks import trace_repeated
 
     logging.basicConfig(level=logging.WARNING)
     try:
@@ -247,7 +247,8 @@ def _run_explain(args: argparse.Namespace) -> int:
         options["plan_cache"] = from_text(args.plan_cache)
     try:
         with _stdout_to_stderr():
-            traced = trace_step(model, inputs, loss_fn=loss_fn, device=args.device, costs=args.costs)
+            # A stack of identical blocks is traced 4 blocks deep and stamped, as explain() does.
+            traced = trace_repeated(model, inputs, loss_fn=loss_fn, device=args.device, costs=args.costs)
             explanation = explain_traced(traced, budget, args.solver, depth=args.depth, offload=args.offload,
                                          **options)
     except BudgetInfeasibleError as e:

@@ -26,7 +26,8 @@ from remat_pass.solvers.problem import Plan, Problem, format_bytes
 
 from ..planning.budget import parse_budget
 from ..annotate.costs import CostModel, DeviceProfile, parse_costs
-from ..planning.pipeline import LossFn, TracedStep, trace_step
+from ..planning.pipeline import LossFn, TracedStep
+from ..planning.repeated_blocks import trace_repeated
 from .report import format_flops
 
 if TYPE_CHECKING:
@@ -251,5 +252,6 @@ def sweep(
     when stderr is a terminal). ``solver_options`` go to the solver (e.g. ``time_limit``).
     ``costs`` prices recompute as for ``optimize`` ("roofline", "flops", "measure").
     """
-    traced = trace_step(model, example_inputs, loss_fn=loss_fn, device=device, costs=parse_costs(costs))
+    # A stack of identical blocks is traced 4 blocks deep and stamped (planning.repeated_blocks).
+    traced = trace_repeated(model, example_inputs, loss_fn=loss_fn, device=device, costs=parse_costs(costs))
     return sweep_traced(traced, budgets, solver, baselines=baselines, progress=progress, hull=hull, **solver_options)
