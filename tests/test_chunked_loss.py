@@ -322,3 +322,25 @@ def test_the_cheaper_of_whole_and_chunked_is_kept(monkeypatch, chunked_is_cheape
     assert len(optimized.pieces) == 1 and optimized.plan.recompute_flops > 0
     assert bool(optimized.plan.problem.notes) is chunked_is_cheaper
     _assert_step_close(got, expected, exact=not chunked_is_cheaper)
+
+
+def test_plan_traces_a_step_without_a_cross_entropy_once(monkeypatch) -> None:
+    """The automatic rule re-traces only steps that compute a cross-entropy: a step without one
+    planned with recompute (or refused) costs one capture, not two."""
+    from remat_pass.planning import plan_model
+
+    traces = []
+    real = plan_model.trace_repeated
+
+    def counting(*args, **kwargs):
+        traces.append(kwargs.get("chunk_loss"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(plan_model, "trace_repeated", counting)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1))
+    x = torch.randn(32, 16)
+    plan = remat_pass.plan(model, (x,), budget=0.3, device="cpu", solver="ilp", plan_cache=False,
+                           loss_fn=lambda out, *_: out.square().mean())
+    assert plan.recompute_flops > 0 or plan.recomputed  # the budget made it recompute
+    assert traces == [None]

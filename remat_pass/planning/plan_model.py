@@ -177,7 +177,7 @@ def plan_or_chunk(trace: Callable[[ChunkLoss | None], TracedStep], chunk_loss: A
     try:
         whole = plan_traced(traced, None)
     except solvers.BudgetInfeasibleError as error:
-        if chunk_loss is not None:
+        if chunk_loss is not None or not _may_have_a_loss(traced):
             raise
         chunked = trace(chunk_for_budget(error.budget_bytes))
         if not _splits(chunked):
@@ -185,7 +185,7 @@ def plan_or_chunk(trace: Callable[[ChunkLoss | None], TracedStep], chunk_loss: A
         logger.info("the budget cannot be met with the loss whole (%s); planned with the loss chunked", error)
         return chunked, plan_traced(chunked, Pin(error.budget_bytes, error.kind))
     plan = plan_of(whole)
-    if chunk_loss is not None or plan.budget_bytes is None or not plan.recompute_flops:
+    if chunk_loss is not None or plan.budget_bytes is None or not plan.recompute_flops or not _may_have_a_loss(traced):
         return traced, whole
     chunked = trace(chunk_for_budget(plan.budget_bytes))
     extra = sum(region.extra_flops for region in chunked.chunked)
@@ -209,6 +209,13 @@ class Pin:
 
     def applied_to(self, options: PlanOptions) -> PlanOptions:
         return pinned_budget(options, self.budget_bytes, self.kind)
+
+
+def _may_have_a_loss(traced: TracedStep) -> bool:
+    """Whether the step traced whole computes a cross-entropy (AOTAutograd's ``nll_loss_forward``,
+    which every ``F.cross_entropy`` with class-index targets becomes), the only loss chunking
+    rewrites: without one, tracing the step again to find out costs a whole capture for nothing."""
+    return any(value.op.startswith("nll_loss") for value in traced.problem.values)
 
 
 def _splits(traced: TracedStep) -> bool:
