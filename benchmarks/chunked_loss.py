@@ -91,24 +91,6 @@ def measure(name: str, make: Callable[[], Prepared], work: Workload, cfg: runner
     return row, prepared
 
 
-def interleaved(steps: dict[str, Prepared], rounds: int) -> dict[str, list[float]]:
-    """Seconds per step of each row, taken in turn every round (after one untimed round)."""
-    def call(prepared: Prepared) -> Callable[[], Any]:
-        def run() -> torch.Tensor:
-            prepared.zero_grad()
-            return prepared.step()
-        return run
-
-    calls = {name: call(p) for name, p in steps.items()}
-    for run in calls.values():
-        run()
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, run in calls.items():
-            times[name].append(metrics.timed_once(run, torch.device("cpu"))[1])
-    return times
-
-
 def run_model(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     spec = ModelSpec(kind=kind, layers=args.layers, hidden=args.hidden, heads=args.heads, seq=args.seq,
                      batch=args.batch, vocab=VOCABULARIES[kind])
@@ -135,7 +117,7 @@ def run_model(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     for name, chunk_loss in (("keep_whole", False), ("keep_chunked", chunked)):
         rows[name], timed[name] = measure(name, lambda: remat_step(work, None, chunk_loss, args.time_limit), work,
                                           cfg, reference)
-    times = interleaved(timed, args.rounds)
+    times = runner.interleaved(timed, args.rounds, torch.device("cpu"))
     for row in rows.values():
         row.pop("grads", None)
     ratios = [c / w for c, w in zip(times["keep_chunked"], times["keep_whole"])]

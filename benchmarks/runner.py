@@ -315,3 +315,22 @@ def reset_between_rows() -> None:
 def describe_error(error: BaseException) -> str:
     """A failed row's error: the outermost type and the root cause's first line."""
     return _describe(error)
+
+
+def interleaved(steps: dict[str, Prepared], rounds: int, device: torch.device) -> dict[str, list[float]]:
+    """Seconds per step of every row, taken in turn each round after one untimed round, so that
+    drift on a shared machine hits every row of a round alike."""
+    def step(prepared: Prepared) -> Callable[[], Any]:
+        def run() -> torch.Tensor:
+            prepared.zero_grad()
+            return prepared.step()
+        return run
+
+    calls = {name: step(p) for name, p in steps.items()}
+    for call in calls.values():
+        call()
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            times[name].append(metrics.timed_once(call, device)[1])
+    return times

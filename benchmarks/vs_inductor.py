@@ -139,25 +139,6 @@ def measure(prepared: Prepared, work: Workload, settings: Settings,
     return row, grads
 
 
-def interleaved(steps: dict[str, Prepared], rounds: int, device: torch.device) -> dict[str, list[float]]:
-    """Seconds per step of every row, taken in turn each round after one untimed round, so that
-    drift on a shared machine hits every row of a round alike."""
-    def step(prepared: Prepared) -> Callable[[], Any]:
-        def run() -> torch.Tensor:
-            prepared.zero_grad()
-            return prepared.step()
-        return run
-
-    calls = {name: step(p) for name, p in steps.items()}
-    for call in calls.values():
-        call()
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, call in calls.items():
-            times[name].append(metrics.timed_once(call, device)[1])
-    return times
-
-
 def _describe(error: BaseException) -> str:
     return runner.describe_error(error)
 
@@ -214,7 +195,7 @@ def _time(rows: list[Row], live: dict[str, Prepared], settings: Settings) -> Non
     """Interleaved rounds of the point's live rows; remat rows get their ratio to the incumbent."""
     if len(live) < 1:
         return
-    times = interleaved(live, settings.rounds, torch.device(settings.device))
+    times = runner.interleaved(live, settings.rounds, torch.device(settings.device))
     first = rows[0]["row"]
     for row in rows:
         if row["row"] not in times:

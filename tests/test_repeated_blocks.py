@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import remat_pass
+from benchmarks.scaling import HFStep
 from remat_pass import solvers
 from remat_pass.examples import GPT, GPTConfig
 from remat_pass.planning import repeated_blocks
@@ -32,15 +33,6 @@ def _traced(model, inputs, stamped: bool):
         return trace(model, fake, loss_fn=_output, device="h100")
 
 
-class _HFStep(nn.Module):
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.model(input_ids=ids, labels=ids, use_cache=False).loss
-
-
 def _llama() -> tuple[nn.Module, tuple[torch.Tensor]]:
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128,
@@ -48,7 +40,7 @@ def _llama() -> tuple[nn.Module, tuple[torch.Tensor]]:
                                       max_position_embeddings=32, use_cache=False, attn_implementation="sdpa")
     with torch.device("meta"):
         model = transformers.LlamaForCausalLM(config).train()
-    return _HFStep(model), (torch.zeros(1, 32, dtype=torch.long, device="meta"),)
+    return HFStep(model), (torch.zeros(1, 32, dtype=torch.long, device="meta"),)
 
 
 def _gpt(layers: int = LAYERS) -> tuple[nn.Module, tuple[torch.Tensor]]:
@@ -160,7 +152,7 @@ def test_mixtral_stamps_to_the_traced_problem():
                                         num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
                                         num_local_experts=4, max_position_embeddings=32)
     with torch.device("meta"):
-        model = _HFStep(transformers.AutoModelForCausalLM.from_config(config).train())
+        model = HFStep(transformers.AutoModelForCausalLM.from_config(config).train())
     inputs = (torch.zeros(1, 32, dtype=torch.long, device="meta"),)
     full, stamped = _traced(model, inputs, stamped=False), _traced(model, inputs, stamped=True)
     assert not stamped.annotated and without_names(stamped.problem) == without_names(full.problem)
