@@ -28,7 +28,8 @@ from ..planning.pipeline import BudgetKind, LossFn, PlanOptions, TracedStep, pla
 from ..planning.repeated_blocks import trace_repeated
 from ..runtime.plan_cache import as_plan_cache
 from ..capture.loss_chunking import ChunkLoss
-from ..planning.plan_model import Pin, plan_or_chunk
+from ..planning.loss_choice import Pin
+from ..planning.plan_model import plan_or_chunk
 from .report import PlanReport
 
 Explanation = PlanReport
@@ -82,8 +83,8 @@ def explain(
     ``optimize``; an impossible one raises BudgetInfeasibleError with the smallest feasible.
     ``solver`` is any name in ``solvers.SOLVERS``; ``device`` picks the cost model and ``costs``
     how it prices recompute ("roofline", "flops", "measure"). ``chunk_loss`` as for ``optimize``
-    (by default the loss is chunked only where the budget cannot be met otherwise; the report's
-    note then says so, with what it saved).
+    (by default the loss is chunked where the budget cannot be met whole, or is met whole only with
+    more work; the report's note then says so, with what it saved).
     """
     costs = parse_costs(costs)
 
