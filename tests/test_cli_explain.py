@@ -84,6 +84,17 @@ def test_table_output(capsys, monkeypatch):
     assert "full" in out or "selective" in out
 
 
+@pytest.mark.parametrize("choice,said", [("on", "computed with the loss in forward"),
+                                         ("recomputed", "backward recomputes the head"), ("off", None)])
+def test_chunk_loss_reaches_the_planner(choice, said, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert main(["explain", f"{FACTORY}:factory_language_model", "--budget", "0.5", "--chunk-loss", choice,
+                 "--plan-cache", "off"]) == 0
+    out = capsys.readouterr().out
+    assert ("loss chunked: 64 tokens x 512 vocabulary" in out) is (said is not None)
+    assert said is None or said in out
+
+
 def test_measured_costs(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     assert main(["explain", f"{FACTORY}:factory_with_loss", "--budget", "0.3", "--costs", "measure"]) == 0

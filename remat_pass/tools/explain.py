@@ -86,6 +86,25 @@ def explain(
     (by default the loss is chunked where the budget cannot be met whole, or is met whole only with
     more work; the report's note then says so, with what it saved).
     """
+    return explain_step(model, example_inputs, budget, solver, device, loss_fn=loss_fn, depth=depth, costs=costs,
+                        chunk_loss=chunk_loss, **solver_options)[1]
+
+
+def explain_step(
+    model: nn.Module,
+    example_inputs: Any,
+    budget: object,
+    solver: str = "ilp",
+    device: str | DeviceProfile = "auto",
+    *,
+    loss_fn: LossFn | None = None,
+    depth: int | None = None,
+    costs: str = CostModel.ROOFLINE,
+    chunk_loss: Any = None,
+    **solver_options: Any,
+) -> tuple[TracedStep, PlanReport]:
+    """``explain``, and the traced step its report is of (the loss chunked or not: the command
+    line plots from it)."""
     costs = parse_costs(costs)
 
     def trace(chunking: ChunkLoss | None) -> TracedStep:
@@ -97,4 +116,4 @@ def explain(
             return explain_traced(traced, budget, solver, depth=depth, **dict(solver_options))
         return explain_traced(traced, pin.budget_bytes, solver, depth=depth, **{**solver_options, "budget_kind": pin.kind})
 
-    return plan_or_chunk(trace, chunk_loss, report, lambda made: made.plan)[1]
+    return plan_or_chunk(trace, chunk_loss, report, lambda made: made.plan)
