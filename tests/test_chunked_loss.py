@@ -308,13 +308,17 @@ def test_explain_says_the_loss_was_chunked() -> None:
     assert "loss chunked" in report.headline()
 
 
-def _measured_peak(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> int:
+def _measured_peak(model: nn.Module, inputs: tuple[torch.Tensor, ...], owner: nn.Module | None = None) -> int:
+    """The step's activation peak, measured after a warm-up call; ``owner`` holds the parameters
+    when ``model`` is a compiled callable of it."""
+    owner = model if owner is None else owner
+
     def step() -> None:
         model(*inputs).backward()
 
     step()  # warm-up: compile and plan outside the measurement
-    model.zero_grad(set_to_none=False)
-    return peak_activation_bytes(step, survivors=lambda: [p.grad for p in model.parameters()])[1]
+    owner.zero_grad(set_to_none=False)
+    return peak_activation_bytes(step, survivors=lambda: [p.grad for p in owner.parameters()])[1]
 
 
 def test_peak_budget_below_the_unchunked_minimum_fits_by_chunking() -> None:
@@ -412,3 +416,68 @@ def test_plan_traces_a_step_without_a_cross_entropy_once(monkeypatch) -> None:
                            loss_fn=lambda out, *_: out.square().mean())
     assert plan.recompute_flops > 0 or plan.recomputed  # the budget made it recompute
     assert traces == [None]
+
+
+@pytest.mark.backend_default
+def test_the_inductor_fit_chunks_a_loss_it_cannot_fit_whole(monkeypatch) -> None:
+    """The default backend under a peak budget (Inductor, fitted): when the whole loss's compiled
+    candidates do not fit, the loss is fitted chunked; when that fails too (made to, here: no
+    Inductor compile runs) the eager fallback chooses by the rule, and chunks: the step measures
+    within the budget with eager's gradients."""
+    from remat_pass.runtime import dynamo_backend
+
+    fits = []
+
+    def refuse(compile_at, inputs, **options):
+        fits.append(compile_at)
+        raise BudgetInfeasibleError(budget, 2 * budget, 4 * budget, kind="peak")
+
+    monkeypatch.setattr(dynamo_backend, "fit_peak", refuse)
+    torch.manual_seed(0)
+    vocab = 2048
+    model, inputs = TinyLM(vocab=vocab, hidden=16), _inputs(vocab=vocab, batch=2, seq=64)
+    with pytest.raises(BudgetInfeasibleError) as refused:
+        remat_pass.optimize(copy.deepcopy(model), budget="1KiB", budget_kind="peak", chunk_loss=False,
+                            example_inputs=inputs, plan_cache=False)
+    budget = int(refused.value.min_bytes * 0.6)
+    expected = _step(model, inputs)
+    backend = remat_pass.backend(budget=budget, budget_kind="peak", plan_cache=False)
+    assert backend.fits_compiled_peak
+    fitted = copy.deepcopy(model)
+    compiled = torch.compile(fitted, backend=backend)
+    assert _measured_peak(lambda *x: compiled(*x), inputs, fitted) <= budget
+    assert len(fits) == 2  # the whole loss, then the loss chunked
+    (plan,) = backend.plans
+    assert "loss chunked" in plan.problem.notes[0]
+    _assert_compiled_step_close(compiled, fitted, inputs, expected)
+
+
+@pytest.mark.slow
+@pytest.mark.backend_default
+def test_the_inductor_fit_chunks_for_real() -> None:
+    """As above with Inductor compiling: a quarter of the whole loss's unfused minimum is below what
+    Inductor's fused whole loss measures (0.43 of it, 2026-12-06), and within it chunked."""
+    torch.manual_seed(0)
+    vocab = 2048
+    model, inputs = TinyLM(vocab=vocab, hidden=16), _inputs(vocab=vocab, batch=2, seq=64)
+    with pytest.raises(BudgetInfeasibleError) as refused:
+        remat_pass.optimize(copy.deepcopy(model), budget="1KiB", budget_kind="peak", chunk_loss=False,
+                            example_inputs=inputs, plan_cache=False)
+    budget = int(refused.value.min_bytes * 0.25)
+    expected = _step(model, inputs)
+    backend = remat_pass.backend(budget=budget, budget_kind="peak", plan_cache=False)
+    fitted = copy.deepcopy(model)
+    compiled = torch.compile(fitted, backend=backend)
+    assert _measured_peak(lambda *x: compiled(*x), inputs, fitted) <= budget
+    (plan,) = backend.plans
+    assert "loss chunked" in plan.problem.notes[0]
+    _assert_compiled_step_close(compiled, fitted, inputs, expected)
+
+
+def _assert_compiled_step_close(compiled, owner: nn.Module, inputs, expected) -> None:
+    owner.zero_grad(set_to_none=True)
+    loss = compiled(*inputs)
+    loss.backward()
+    torch.testing.assert_close(loss.detach(), expected[0], rtol=1e-5, atol=1e-6)
+    for name, p in owner.named_parameters():
+        torch.testing.assert_close(p.grad, expected[1][name], rtol=1e-5, atol=1e-6)

@@ -122,8 +122,8 @@ class RematBackend:
     bytes and the gradients, False never; None (default) by ``planning.loss_choice``'s rule:
     where the budget cannot be met with the loss whole, or is met whole only with more work than
     chunked (the candidates are all planned then, and ``on_plan`` sees each); a step that fits
-    without recompute is never changed. Not yet under the Inductor fit (``inner="inductor"``
-    with a peak budget): there None means never; pass True or a ``ChunkLoss``.
+    without recompute is never changed. Under the Inductor fit (``inner="inductor"`` with a
+    peak budget) None chunks only where the whole loss cannot be fitted to the budget.
     """
 
     def __init__(
@@ -219,20 +219,20 @@ class RematBackend:
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
         with phase(f"capturing and planning graph {len(self.plans) + 1}",
                    f"captured and planned graph {len(self.plans) + 1}"):
-            if self.fits_compiled_peak:  # the automatic chunking is not tried under the Inductor fit
+            if self.fits_compiled_peak:
                 return self._compile_fitted(gm, example_inputs)
             if not (self._chunk_when_infeasible and chunkable(gm)):
                 return self._compile(gm, example_inputs)
-            return self._whole_or_chunked(gm, example_inputs)
+            return self._whole_or_chunked(gm, example_inputs, self.inner)
 
-    def _whole_or_chunked(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+    def _whole_or_chunked(self, gm: fx.GraphModule, example_inputs: list[Any], inner: str) -> Any:
         """``chunk_loss=None``: the loss whole or chunked, by ``loss_choice.choose_loss``, each
         candidate compiled (and planned) strictly; the ones not kept are dropped from ``plans``.
         When none fits and the options say "clamp", the lowest-floor candidate is clamped."""
         def attempt(chunking: ChunkLoss | None, pin: Pin | None) -> tuple[Any, Plan, int] | None:
             if chunking is not None and not would_split(gm, chunking):
                 return None
-            compiled = self._compile_candidate(gm, example_inputs, chunking, pin, strict=True)
+            compiled = self._compile_candidate(gm, example_inputs, inner, chunking, pin, strict=True)
             return compiled, self.plans[-1], 0 if chunking is None else chunking_extra_flops(gm, chunking)
 
         def discard(made: tuple[Any, Plan, int]) -> None:
@@ -246,15 +246,15 @@ class RematBackend:
                 raise
             lowest = chunk_for_budget(error.budget_bytes, LossGradients.RECOMPUTED)
             if not would_split(gm, lowest):
-                return self._compile(gm, example_inputs)
-            return self._compile_candidate(gm, example_inputs, lowest, Pin(error.budget_bytes, error.kind),
+                return self._compile_candidate(gm, example_inputs, inner, None, None, strict=False)
+            return self._compile_candidate(gm, example_inputs, inner, lowest, Pin(error.budget_bytes, error.kind),
                                            strict=False)
 
-    def _compile_candidate(self, gm: fx.GraphModule, example_inputs: list[Any], chunking: ChunkLoss | None,
-                           pin: Pin | None, *, strict: bool) -> Any:
-        """``gm`` compiled with its loss whole or chunked, planned under ``pin`` (else the user's
-        budget), refused rather than clamped when ``strict``."""
-        compile_ = self._compile if chunking is None else make_dynamo_backend(self._partition, self.inner, chunking)
+    def _compile_candidate(self, gm: fx.GraphModule, example_inputs: list[Any], inner: str,
+                           chunking: ChunkLoss | None, pin: Pin | None, *, strict: bool) -> Any:
+        """``gm`` compiled by ``inner`` with its loss whole or chunked, planned under ``pin`` (else
+        the user's budget), refused rather than clamped when ``strict``."""
+        compile_ = make_dynamo_backend(self._partition, inner, chunking)
         self._choosing.pin, self._choosing.strict = pin, strict
         try:
             return compile_(gm, example_inputs)
@@ -262,29 +262,51 @@ class RematBackend:
             self._choosing.pin, self._choosing.strict = None, False
 
     def _compile_fitted(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
-        """Compile with Inductor at the plan whose compiled step's measured peak fits the budget."""
+        """Compile with Inductor at the plan whose compiled step's measured peak fits the budget.
+        With ``chunk_loss=None``, a budget the whole loss cannot be fitted to is fitted with the
+        loss chunked (its gradients in forward); the eager fallback then chooses by the rule."""
+        auto_chunking = self._chunk_when_infeasible and chunkable(gm)
+        clamp = OnInfeasible(self.options.on_infeasible) is OnInfeasible.CLAMP and self._eager_fallback is None
+        try:
+            return self._fit(gm, example_inputs, self._compile, clamp=clamp and not auto_chunking)
+        except _Unplanned as nothing:
+            return nothing.compiled
+        except solvers.BudgetInfeasibleError as error:
+            refused = error
+        chunking = chunk_for_budget(refused.budget_bytes)
+        if auto_chunking and would_split(gm, chunking):
+            logger.info("no plan of the whole loss compiled by Inductor fits (%s); fitting the loss chunked", refused)
+            self._choosing.pin = Pin(refused.budget_bytes, refused.kind)
+            try:
+                return self._fit(gm, example_inputs, make_dynamo_backend(self._partition, "inductor", chunking),
+                                 clamp=clamp)
+            except solvers.BudgetInfeasibleError as error:
+                refused = min((refused, error), key=lambda e: e.min_bytes)
+            finally:
+                self._choosing.pin = None
+        if self._eager_fallback is None:
+            raise refused
+        logger.warning("no plan compiled by Inductor measured within the peak budget (%s); running this graph "
+                       "with inner='eager', whose peak the planner models exactly", refused.args[0])
+        if auto_chunking:
+            return self._whole_or_chunked(gm, example_inputs, "eager")
+        return self._eager_fallback(gm, example_inputs)
+
+    def _fit(self, gm: fx.GraphModule, example_inputs: list[Any], compile_: Callable[..., Any], *,
+             clamp: bool) -> Any:
+        """``inductor_fit.fit_peak`` over ``compile_``'s candidates; the chosen plan recorded."""
         def compile_at(asked: int | None, seen: set[tuple[frozenset[int], ...]]) -> tuple[Any, Plan]:
             self._fitting.asked, self._fitting.seen, self._fitting.made = asked, seen, []
             try:
                 with backward_compiled_with_forward():
-                    compiled = self._compile(gm, example_inputs)
+                    compiled = compile_(gm, example_inputs)
             finally:
                 made, self._fitting.seen = self._fitting.made, None
             if not made:  # no backward, so nothing planned: nothing to fit
                 raise _Unplanned(compiled)
             return compiled, made[-1]
 
-        clamp = OnInfeasible(self.options.on_infeasible) is OnInfeasible.CLAMP and self._eager_fallback is None
-        try:
-            chosen = fit_peak(compile_at, example_inputs, clamp=clamp)
-        except _Unplanned as nothing:
-            return nothing.compiled
-        except solvers.BudgetInfeasibleError as error:
-            if self._eager_fallback is None:
-                raise
-            logger.warning("no plan compiled by Inductor measured within the peak budget (%s); running this graph "
-                           "with inner='eager', whose peak the planner models exactly", error.args[0])
-            return self._eager_fallback(gm, example_inputs)
+        chosen = fit_peak(compile_at, example_inputs, clamp=clamp)
         self._record(chosen.plan)
         return chosen.compiled
 
