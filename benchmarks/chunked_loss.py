@@ -129,10 +129,11 @@ def run_model(kind: str, args: argparse.Namespace) -> dict[str, Any]:
             "rounds_chunked_faster": sum(r < 1 for r in ratios)}
 
 
-def _loss_form(notes: list[str] | None) -> str:
-    if not notes:
+def _loss_form(notes: str | list[str] | None) -> str:
+    text = notes if isinstance(notes, str) else " ".join(notes or ())
+    if "loss chunked" not in text:
         return "whole"
-    return "chunked, gradients in forward" if "in forward" in notes[0] else "chunked, recomputed"
+    return "chunked, gradients in forward" if "in forward" in text else "chunked, recomputed"
 
 
 def summary(result: dict[str, Any]) -> list[str]:
@@ -164,6 +165,22 @@ def summary(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def tables(results: dict[str, Any]) -> str:
+    """The markdown tables of a run's ``results.json``."""
+    lines = ["| model | eager peak MiB | ckpt peak MiB | lowest, loss whole | lowest, chunked | whole / chunked |",
+             "|---|---|---|---|---|---|"]
+    extra = ["| model | row (budget = ckpt's measured peak) | peak MiB | extra FLOPs | ckpt's extra FLOPs | ratio | loss |",
+             "|---|---|---|---|---|---|---|"]
+    times = ["| model | keep-all step, chunked / whole (median of rounds) | rounds chunked faster |", "|---|---|---|"]
+    for result in results["models"].values():
+        first, *rest = summary(result)
+        lines.append(first)
+        extra.extend(rest)
+        times.append(f"| {result['spec']['label']} | {result['time_ratio_median']:.3f} | "
+                     f"{result['rounds_chunked_faster']}/{len(result['times_s']['keep_whole'])} |")
+    return "\n".join([*lines, "", *extra, "", *times])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(VOCABULARIES), choices=list(VOCABULARIES))
@@ -180,7 +197,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-lowest", action="store_true", help="no min_whole / min_chunked rows")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--tables-only", action="store_true", help="rewrite OUT/tables.md from OUT/results.json")
     args = parser.parse_args(argv)
+    if args.tables_only:
+        text = tables(json.loads((args.out / "results.json").read_text()))
+        (args.out / "tables.md").write_text(text + "\n")
+        print(text)
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -188,18 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     for kind in args.models:
         results["models"][kind] = run_model(kind, args)
         (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
-    lines = ["| model | eager peak MiB | ckpt peak MiB | lowest, loss whole | lowest, chunked | whole / chunked |",
-             "|---|---|---|---|---|---|"]
-    extra = ["| model | row (budget = ckpt's measured peak) | peak MiB | extra FLOPs | ckpt's extra FLOPs | ratio | loss |",
-             "|---|---|---|---|---|---|---|"]
-    times = ["| model | keep-all step, chunked / whole (median of rounds) | rounds chunked faster |", "|---|---|---|"]
-    for result in results["models"].values():
-        first, *rest = summary(result)
-        lines.append(first)
-        extra.extend(rest)
-        times.append(f"| {result['spec']['label']} | {result['time_ratio_median']:.3f} | "
-                     f"{result['rounds_chunked_faster']}/{len(result['times_s']['keep_whole'])} |")
-    text = "\n".join([*lines, "", *extra, "", *times])
+    text = tables(results)
     (args.out / "tables.md").write_text(text + "\n")
     print(text)
     return 0
