@@ -188,12 +188,16 @@ def time_calls(fn: Callable[[], Any], repeats: int, device: torch.device) -> lis
     return times
 
 
-def timed_once(fn: Callable[[], Any], device: torch.device) -> tuple[Any, float]:
+def timed_once(fn: Callable[[], Any], device: torch.device,
+               clock: Callable[[], float] = time.perf_counter) -> tuple[Any, float]:
+    """``fn()`` and its seconds by ``clock``: the wall clock, or ``time.thread_time`` for the CPU
+    time of a one-thread CPU step (what it costs, without the time a shared machine's other
+    processes hold the core; meaningless on a GPU, whose work is not the thread's)."""
     _sync(device)
-    start = time.perf_counter()
+    start = clock()
     result = fn()
     _sync(device)
-    return result, time.perf_counter() - start
+    return result, clock() - start
 
 
 def median(values: Sequence[float]) -> float:

@@ -317,9 +317,10 @@ def describe_error(error: BaseException) -> str:
     return _describe(error)
 
 
-def interleaved(steps: dict[str, Prepared], rounds: int, device: torch.device) -> dict[str, list[float]]:
+def interleaved(steps: dict[str, Prepared], rounds: int, device: torch.device,
+                clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
     """Seconds per step of every row, taken in turn each round after one untimed round, so that
-    drift on a shared machine hits every row of a round alike."""
+    drift on a shared machine hits every row of a round alike (``clock``: ``metrics.timed_once``'s)."""
     def step(prepared: Prepared) -> Callable[[], Any]:
         def run() -> torch.Tensor:
             prepared.zero_grad()
@@ -332,5 +333,5 @@ def interleaved(steps: dict[str, Prepared], rounds: int, device: torch.device) -
     times: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(rounds):
         for name, call in calls.items():
-            times[name].append(metrics.timed_once(call, device)[1])
+            times[name].append(metrics.timed_once(call, device, clock)[1])
     return times

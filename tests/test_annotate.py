@@ -204,3 +204,38 @@ def test_auto_profile_is_the_device_the_step_runs_on(monkeypatch):
         monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None, name=name: name)
         assert profile_name_for(torch.device("cuda", 0)) == expected
         assert get_profile("auto", torch.device("cuda", 0)).name == expected
+
+
+def _call(graph, target, args, tag):
+    node = graph.call_function(target, args)
+    if tag is not None:
+        node.meta["partitioner_tag"] = tag
+    return node
+
+
+def test_untagged_nodes_a_pass_made_for_backward_are_backward_and_random_ones_stay():
+    """Inductor's joint-graph patterns make nodes without a partitioner tag (``nll_loss_backward``'s
+    scatter becomes ``where(eq(iota, target), -1, 0)``, only the ``where`` tagged). A tangent-free
+    untagged node that only backward reads is backward, as eager computes it there; one a forward
+    output needs, or a random one, is not."""
+    from torch import fx
+
+    from remat_pass.annotate.annotate import tangent_dependent
+    from remat_pass.annotate.eager_parity import derived_in_backward
+
+    aten = torch.ops.aten
+    graph = fx.Graph()
+    x, tangent = graph.placeholder("primals_1"), graph.placeholder("tangents_1")
+    doubled = _call(graph, aten.mul.Tensor, (x, 2), "is_forward")
+    shared = _call(graph, aten.neg.default, (x,), None)  # untagged, read by forward and backward
+    out = _call(graph, aten.add.Tensor, (doubled, shared), "is_forward")
+    mask = _call(graph, aten.eq.Scalar, (x, 0), None)
+    minus_one = _call(graph, aten.scalar_tensor.default, (-1.0,), None)
+    picked = _call(graph, aten.where.self, (mask, minus_one, shared), "is_backward")
+    noise = _call(graph, aten.rand_like.default, (x,), None)
+    noisy = _call(graph, aten.mul.Tensor, (picked, noise), "is_backward")
+    grad = _call(graph, aten.mul.Tensor, (noisy, tangent), "is_backward")
+    graph.output((out, grad))
+    backward = tangent_dependent(graph)
+    assert derived_in_backward(graph, backward, num_fwd_outputs=1) == {picked, noisy, mask, minus_one}
+    assert noise not in backward and shared not in backward

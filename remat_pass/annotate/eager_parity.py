@@ -7,7 +7,8 @@ metadata that the planner must read. ``annotate`` applies these before building 
 * ``drop_identity_copies``: copies that functionalization made of what eager aliases
   (``dropout(p=0)``, same-dtype ``.to()``) are replaced by the original;
 * ``derived_in_backward``: tangent-free parts of derivative formulas are backward nodes, as
-  eager computes them in backward from what it saved;
+  eager computes them in backward from what it saved (untagged nodes a graph pass made too,
+  where only backward reads them);
 * ``checkpoint_tags``: a ``torch.utils.checkpoint`` region's recompute decisions, as the
   ``Tag.CHECKPOINTED`` tag ``baseline.as_given_plan`` reads.
 """
@@ -47,13 +48,24 @@ def derived_in_backward(graph: fx.Graph, backward: set[fx.Node], num_fwd_outputs
     would be kept next to ``x``, and the keep-all plan would hold more than eager does (1.06x
     on a tiny Llama). They belong to backward: backward then reads their inputs instead.
     Nodes a forward output needs stay forward whatever their tag.
+
+    A node a graph pass made after tracing has no tag (Inductor's joint-graph patterns rewrite
+    ``nll_loss_backward``'s scatter into ``where(eq(iota, target), -1, 0)`` and tag only the
+    ``where``): it is backward when every reader is. Counted as forward, the one-hot ``eq`` was
+    kept, so the compiled forward computed and stored a (tokens, vocab) mask that eager and
+    torch.compile's own partition compute in backward.
     """
-    tagged = {
+    derived = {
         node for node in graph.nodes
         if node.op == "call_function" and node not in backward and node.meta.get("partitioner_tag") == "is_backward"
     }
-    if not tagged:
+    if not derived:
         return set()
+    for node in reversed(graph.nodes):  # readers first: an untagged chain joins backward whole
+        if (node.op == "call_function" and node not in backward and "partitioner_tag" not in node.meta
+                and not _draws_random_numbers(node)
+                and node.users and all(user in backward or user in derived for user in node.users)):
+            derived.add(node)
     needed: set[fx.Node] = set()
     stack = [n for n in _outputs(graph)[:num_fwd_outputs] if n is not None]
     while stack:
@@ -61,7 +73,12 @@ def derived_in_backward(graph: fx.Graph, backward: set[fx.Node], num_fwd_outputs
         if node not in needed:
             needed.add(node)
             stack.extend(node.all_input_nodes)
-    return tagged - needed
+    return derived - needed
+
+
+def _draws_random_numbers(node: fx.Node) -> bool:
+    """A random op stays where it was traced: moved to backward it would draw other numbers."""
+    return torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ())
 
 
 _IDENTITY_COPIES = {"clone", "_to_copy"}

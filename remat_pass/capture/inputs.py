@@ -83,9 +83,12 @@ def canonical(signature: inspect.Signature | None, args: tuple[Any, ...],
 
     A call that does not bind (a wrong keyword) is returned as given, so that the model raises
     its own error.
+
+    A call with positional arguments only is already in that form (binding adds no defaults and
+    moves nothing): it is returned without binding, which a training step pays on every call.
     """
-    if signature is None:
-        return args, dict(kwargs)
+    if signature is None or not kwargs:
+        return tuple(args), dict(kwargs)
     try:
         bound = signature.bind(*args, **kwargs)
     except TypeError:
