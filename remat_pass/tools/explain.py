@@ -26,6 +26,8 @@ from ..planning.budget import parse_budget
 from ..annotate.costs import CostModel, DeviceProfile, parse_costs
 from ..planning.pipeline import BudgetKind, LossFn, PlanOptions, TracedStep, plan_problem, planning_effort
 from ..planning.repeated_blocks import trace_repeated
+from ..planning.trace_key import before_tracing
+from ..capture.inputs import call_inputs
 from ..runtime.plan_cache import as_plan_cache
 from ..capture.loss_chunking import ChunkLoss
 from ..planning.plan_model import Pin, plan_or_chunk
@@ -74,6 +76,7 @@ def explain(
     depth: int | None = None,
     costs: str = CostModel.ROOFLINE,
     chunk_loss: Any = None,
+    pretrace_key: bool = True,
     **solver_options: Any,
 ) -> PlanReport:
     """Plan ``model``'s training step for ``budget`` and account for it module by module.
@@ -83,7 +86,8 @@ def explain(
     ``solver`` is any name in ``solvers.SOLVERS``; ``device`` picks the cost model and ``costs``
     how it prices recompute ("roofline", "flops", "measure"). ``chunk_loss`` as for ``optimize``
     (by default the loss is chunked only where the budget cannot be met otherwise; the report's
-    note then says so, with what it saved).
+    note then says so, with what it saved). A repeated call is answered from the plan cache
+    before tracing where ``pretrace_key`` (``plan``'s option; ``planning.trace_key``).
     """
     costs = parse_costs(costs)
 
@@ -96,4 +100,9 @@ def explain(
             return explain_traced(traced, budget, solver, depth=depth, **dict(solver_options))
         return explain_traced(traced, pin.budget_bytes, solver, depth=depth, **{**solver_options, "budget_kind": pin.kind})
 
-    return plan_or_chunk(trace, chunk_loss, report, lambda made: made.plan)[1]
+    arguments = {"budget": parse_budget(budget), "solver": solver, "device": device, "loss_fn": loss_fn,
+                 "depth": depth, "costs": costs, "chunk_loss": chunk_loss,
+                 "solver_options": {k: v for k, v in solver_options.items() if k != "plan_cache"}}
+    cache = as_plan_cache(solver_options.get("plan_cache", True)) if pretrace_key else None
+    return before_tracing("explain", model, call_inputs(example_inputs), arguments, cache,
+                          lambda: plan_or_chunk(trace, chunk_loss, report, lambda made: made.plan)[1])
