@@ -7,6 +7,7 @@ Run from the repository root::
     python -m benchmarks.scaling --llama405b
     python -m benchmarks.scaling --peak --layers 12,24,48
     python -m benchmarks.scaling --peak --layers 12,24,48 --peak-time-limit 0
+    python -m benchmarks.scaling --peak --layers 48 --peak-time-limit 0 --via-plan
     python -m benchmarks.scaling --first-call
     python -m benchmarks.scaling --one-call /tmp/plans    # twice: a cached re-plan in a new process
     python -m benchmarks.scaling --help
@@ -155,6 +156,42 @@ def run_peak(args: argparse.Namespace) -> list[dict[str, Any]]:
         rows.append(row)
         print(f"L={layers}: {row['recompute_over_per_block']:.3f} x per_block ({plan.status}, gap {plan.gap}) "
               f"in {row['plan_s']:.1f}s, peak {plan.predicted_peak_bytes} <= {budget}", flush=True)
+        if args.via_plan:
+            row["via_plan"] = _peak_via_plan(args, layers, budget, per_block.recompute_seconds)
+    return rows
+
+
+def _peak_via_plan(args: argparse.Namespace, layers: int, budget: int, per_block_seconds: float) -> list[dict[str, Any]]:
+    """``remat_pass.plan`` end to end on the same GPT and peak budget (the stack traced 3 and 4
+    blocks deep and stamped, ``planning.repeated_blocks``), with the loss kept whole and with the
+    default chunking rule, each then called again (answered before tracing, ``planning.trace_key``)."""
+    import tempfile
+
+    import remat_pass
+    from remat_pass.examples import GPT, GPTConfig
+    from remat_pass.planning.pipeline import with_headroom
+
+    config = GPTConfig(vocab_size=args.vocab, seq_len=args.seq, layers=layers, hidden=args.hidden, heads=args.heads,
+                       dropout=args.dropout)
+    with torch.device("meta"):
+        step = _LMStep(GPT(config))
+    tokens = torch.zeros(args.batch, args.seq, dtype=torch.long, device="meta")
+    rows = []
+    for chunk_loss in (False, None):
+        directory = tempfile.mkdtemp(prefix="remat_plans_")
+        for call in ("first", "again"):
+            torch._dynamo.reset()
+            began = time.perf_counter()
+            plan = remat_pass.plan(step, (tokens,), budget=with_headroom(budget), budget_kind="peak", solver="ilp_peak",
+                                   device=args.device, chunk_loss=chunk_loss, plan_cache=directory,
+                                   **({} if not args.peak_time_limit else {"time_limit": args.peak_time_limit}))
+            row = {"chunk_loss": chunk_loss, "call": call, "wall_s": time.perf_counter() - began,
+                   "solve_s": plan.solve_seconds, "status": plan.status, "gap": plan.gap,
+                   "recompute_over_per_block": _ratio(plan.recompute_seconds, per_block_seconds),
+                   "predicted_peak_bytes": plan.predicted_peak_bytes}
+            rows.append(row)
+            print(f"  plan(chunk_loss={chunk_loss}) {call}: {row['wall_s']:.1f}s (solve {plan.solve_seconds:.1f}s), "
+                  f"{row['recompute_over_per_block']:.3f} x per_block, {plan.status}, gap {plan.gap}", flush=True)
     return rows
 
 
@@ -453,6 +490,8 @@ def parser() -> argparse.ArgumentParser:
                    help="the peak planner at per-block checkpointing's simulated peak, per depth, instead of the sweep")
     p.add_argument("--peak-time-limit", type=float, default=60.0,
                    help="0: optimize's default (5 s, no proof work: pipeline.planning_effort)")
+    p.add_argument("--via-plan", action="store_true",
+                   help="with --peak: also remat_pass.plan() end to end (stacks stamped), then again (cached)")
     p.add_argument("--first-call", action="store_true",
                    help="the first call of optimize on a 12-layer HF GPT-2 under a peak budget, end to end")
     p.add_argument("--first-call-limits", type=_floats, default=[60.0],
