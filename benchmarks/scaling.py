@@ -252,13 +252,44 @@ def run_one_call(args: argparse.Namespace) -> dict[str, Any]:
 
     model, tokens, budget = _first_call_model()
     cache = PlanCache(args.one_call)
+    spent = _timed_phases() if args.phases else {}
     began = time.perf_counter()
     plan = remat_pass.optimize(model, budget, budget_kind="peak", example_inputs=(tokens,), plan_cache=cache).plan
     row = {"cache_hits": cache.hits, "first_call_s": time.perf_counter() - began, "status": plan.status,
-           "gap": plan.gap, "recompute_seconds": plan.recompute_seconds, "budget_bytes": budget}
+           "gap": plan.gap, "recompute_seconds": plan.recompute_seconds, "budget_bytes": budget, "phases_s": spent}
     print(f"one call: {row['first_call_s']:.1f}s, {cache.hits} hit(s), recompute {plan.recompute_seconds:.6g}s, "
-          f"{plan.status}, gap {plan.gap}", flush=True)
+          f"{plan.status}, gap {plan.gap}" + "".join(f", {k} {v:.3f}s" for k, v in spent.items()), flush=True)
     return row
+
+
+def _timed_phases() -> dict[str, float]:
+    """Wall seconds per stage of remat_pass's own part of a call (``pipeline``'s annotate,
+    plan_problem, rewrite, simulate and plan_joint_graph around them; the plan cache's key
+    digest), filled in as the call runs; the rest of the call is Dynamo, AOTAutograd and the step."""
+    import functools
+
+    from remat_pass.planning import pipeline
+    from remat_pass.runtime import plan_cache
+
+    spent: dict[str, float] = defaultdict(float)
+
+    def timed(module: Any, name: str) -> None:
+        original = getattr(module, name)
+
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            began = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                spent[name] += time.perf_counter() - began
+
+        setattr(module, name, wrapper)
+
+    for name in ("annotate", "plan_problem", "rewrite", "simulate", "plan_joint_graph"):
+        timed(pipeline, name)
+    timed(plan_cache, "problem_digest")
+    return spent
 
 
 def _ratio(part: float, whole: float) -> float | None:
@@ -498,6 +529,7 @@ def parser() -> argparse.ArgumentParser:
                    help="explicit time limits to compare with the default (default 60)")
     p.add_argument("--one-call", type=Path, default=None, metavar="CACHE_DIR",
                    help="one first call of optimize (--first-call's model) against the plan cache in CACHE_DIR")
+    p.add_argument("--phases", action="store_true", help="with --one-call: time remat_pass's own stages of the call")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return p
 

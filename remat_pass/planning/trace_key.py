@@ -182,7 +182,11 @@ class _Describer:
         if isinstance(value, torch.Tensor):  # a plain tensor attribute or a nested input: a constant if small
             return self.tensor_or_value(value, contents=value.numel() <= _CONSTANT_NUMEL)
         if isinstance(value, nn.Module):
-            return ["module", self.paths.get(id(value), _qualname(type(value)))]
+            if id(value) in self.paths:
+                return ["module", self.paths[id(value)]]
+            self.classes[type(value)] = None  # one outside the model (a loss_fn's): its tensors and mode
+            return ["module", _qualname(type(value)), value.training,
+                    [[name, self.tensor_or_value(t)] for name, t in (*value.named_parameters(), *value.named_buffers())]]
         if isinstance(value, (list, tuple)):
             return [type(value).__name__, [self.describe(v, depth) for v in value]]
         if isinstance(value, (set, frozenset)):
