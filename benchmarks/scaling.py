@@ -10,6 +10,7 @@ Run from the repository root::
     python -m benchmarks.scaling --peak --layers 48 --peak-time-limit 0 --via-plan
     python -m benchmarks.scaling --first-call
     python -m benchmarks.scaling --one-call /tmp/plans    # twice: a cached re-plan in a new process
+    python -m benchmarks.scaling --plan-calls /tmp/plans  # plan() twice; again: in a new process
     python -m benchmarks.scaling --help
 
 Depth sweep: GPT-style decoders (``remat_pass.examples.GPT``: hidden 768, 12 heads, sequence 1024,
@@ -260,6 +261,28 @@ def run_one_call(args: argparse.Namespace) -> dict[str, Any]:
     print(f"one call: {row['first_call_s']:.1f}s, {cache.hits} hit(s), recompute {plan.recompute_seconds:.6g}s, "
           f"{plan.status}, gap {plan.gap}" + "".join(f", {k} {v:.3f}s" for k, v in spent.items()), flush=True)
     return row
+
+
+def run_plan_calls(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """``remat_pass.plan`` on ``--first-call``'s model and peak budget (device "cpu", solver
+    "ilp_peak": what ``optimize`` plans there) twice in this process, against the plan cache in
+    ``--plan-calls``'s directory: run the command twice for a re-plan in a new process. A repeated
+    call is answered before tracing (``planning.trace_key``)."""
+    import remat_pass
+    from remat_pass.runtime.plan_cache import PlanCache
+
+    model, tokens, budget = _first_call_model()
+    rows = []
+    for call in range(2):
+        cache = PlanCache(args.plan_calls)
+        began = time.perf_counter()
+        plan = remat_pass.plan(model, (tokens,), budget=budget, budget_kind="peak", device="cpu", solver="ilp_peak",
+                               plan_cache=cache)
+        rows.append({"call": call, "seconds": time.perf_counter() - began, "cache_hits": cache.hits,
+                     "recompute_seconds": plan.recompute_seconds, "status": plan.status, "gap": plan.gap})
+        print(f"plan() call {call}: {rows[-1]['seconds']:.3f}s, {cache.hits} hit(s), recompute "
+              f"{plan.recompute_seconds:.6g}s, {plan.status}, gap {plan.gap}", flush=True)
+    return rows
 
 
 def _timed_phases() -> dict[str, float]:
@@ -529,6 +552,8 @@ def parser() -> argparse.ArgumentParser:
                    help="explicit time limits to compare with the default (default 60)")
     p.add_argument("--one-call", type=Path, default=None, metavar="CACHE_DIR",
                    help="one first call of optimize (--first-call's model) against the plan cache in CACHE_DIR")
+    p.add_argument("--plan-calls", type=Path, default=None, metavar="CACHE_DIR",
+                   help="remat_pass.plan() on --first-call's model twice, against the plan cache in CACHE_DIR")
     p.add_argument("--phases", action="store_true", help="with --one-call: time remat_pass's own stages of the call")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return p
@@ -553,6 +578,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.one_call is not None:
         run_one_call(args)
+        return
+    if args.plan_calls is not None:
+        run_plan_calls(args)
         return
     if args.first_call:
         rows = run_first_call(args)
