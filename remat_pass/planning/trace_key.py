@@ -13,7 +13,8 @@ graph could differ. It is a SHA-256 of
 * the model: every submodule's path, class (module and qualname) and ``training`` flag, every
   parameter's and buffer's name, shape, stride, dtype, device, ``requires_grad`` and which ones
   are the same tensor (tied weights), every other attribute (``vars(module)``: numbers, strings,
-  a Hugging Face config's every attribute, functions, hooks), described recursively;
+  a Hugging Face config's every attribute, functions, hooks), described recursively, but for
+  attributes named like a hash (``_original_object_hash``: Python's per-process string hash);
 * code: for every class in the MRO of every submodule type and for every function met above (a
   hook, an activation, ``loss_fn``), its code objects' bytecode, constants and names, and the
   whole source file that defines it (helpers beside a forward, such as Hugging Face's
@@ -24,19 +25,27 @@ graph could differ. It is a SHA-256 of
 * the global state a trace reads: grad mode, inference mode, autocast per device type, the
   default dtype and device, deterministic algorithms, matmul precision, the
   ``torch.backends`` flags that pick kernels and decompositions (mkldnn, cuDNN, TF32, the SDPA
-  backends), the Dynamo, AOTAutograd and Inductor configs (their ``get_hash``), the active
+  backends), the Dynamo, AOTAutograd and Inductor configs (entry by entry: their ``get_hash``
+  pickles sets in hash order, which differs per process), the active
   torch-function and dispatch modes, and the names of the CUDA devices the tensors are on.
 
 What it cannot see (and a pre-trace hit would then return a stale plan): global Python state a
 forward reads (a module-level flag or registry, such as ``ALL_ATTENTION_FUNCTIONS``, a function
 defined in another file whose package has no ``__version__``, an environment variable), the
 *values* of parameters and buffers (a forward that branches on them), an object attribute with no
-``__dict__`` whose ``repr`` shows only its address (described by its type), and kernel scratch
-measured again after its store was deleted. Such a model should pass ``pretrace_key=False`` (the
+``__dict__`` whose ``repr`` shows only its address (described by its type), a method of torch's or
+the model's classes patched at run time under a construction or printing name (``__init__``,
+``__repr__``, ...: Dynamo itself patches two of them while tracing, so they are left out), remat_pass's
+own module-level settings changed at run time (its source is in the key, not its globals; the
+``Problem``-keyed cache shares this for the planning settings), and kernel scratch measured again
+after its store was deleted. Such a model should pass ``pretrace_key=False`` (the
 trace then always runs; the ``Problem``-keyed cache still skips the solve) or ``plan_cache=False``.
 A key cannot be made (None: the trace runs) for measured costs (``costs="measure"``: the plan is
-re-priced with this run's timings, which needs the trace) or a class or function whose code
-cannot be read.
+re-priced with this run's timings, which needs the trace) or a tensor subclass (DTensor). Code
+whose file cannot be read (typed at a prompt) is keyed by its code objects alone.
+
+A hit returns what the traced call returned, stored whole (``PlanCache.put_traced``): the same
+plan and problem, and the first call's measured forward time.
 """
 
 from __future__ import annotations

@@ -222,6 +222,9 @@ def _run_explain(args: argparse.Namespace) -> int:
     from remat_pass.tools.explain import explain_traced
     from remat_pass.rewrite.offload import check_offload_options
     from remat_pass.planning.repeated_blocks import trace_repeated
+    from remat_pass.planning.trace_key import before_tracing
+    from remat_pass.capture.inputs import call_inputs
+    from remat_pass.runtime.plan_cache import as_plan_cache
 
     logging.basicConfig(level=logging.WARNING)
     try:
@@ -247,10 +250,22 @@ def _run_explain(args: argparse.Namespace) -> int:
         options["plan_cache"] = from_text(args.plan_cache)
     try:
         with _stdout_to_stderr():
-            # A stack of identical blocks is traced 4 blocks deep and stamped, as explain() does.
-            traced = trace_repeated(model, inputs, loss_fn=loss_fn, device=args.device, costs=args.costs)
-            explanation = explain_traced(traced, budget, args.solver, depth=args.depth, offload=args.offload,
-                                         **options)
+            traced = None
+
+            def traced_and_explained() -> Any:
+                nonlocal traced
+                # A stack of identical blocks is traced 4 blocks deep and stamped, as explain() does.
+                traced = trace_repeated(model, inputs, loss_fn=loss_fn, device=args.device, costs=args.costs)
+                return explain_traced(traced, budget, args.solver, depth=args.depth, offload=args.offload, **options)
+
+            # A repeated command is answered before tracing, as explain() is (planning.trace_key),
+            # but for --plot, whose curve needs the traced step.
+            arguments = {"budget": budget, "solver": args.solver, "device": args.device, "depth": args.depth,
+                         "offload": args.offload, "costs": args.costs, "loss_fn": loss_fn,
+                         "options": {k: v for k, v in options.items() if k != "plan_cache"}}
+            cache = None if args.plot is not None else as_plan_cache(options.get("plan_cache", True))
+            explanation = before_tracing("cli explain", model, call_inputs(inputs), arguments, cache,
+                                         traced_and_explained)
     except BudgetInfeasibleError as e:
         if args.json:
             print(json.dumps({"error": "infeasible", "message": str(e), "budget_bytes": e.budget_bytes,
@@ -272,7 +287,7 @@ def _run_explain(args: argparse.Namespace) -> int:
             print(f"{PROG} explain: could not write plots: {e}", file=sys.stderr)
             return 1
     if args.json:
-        print(json.dumps({**explanation.to_dict(), "pieces": traced.pieces, "plots": written}, indent=2))
+        print(json.dumps({**explanation.to_dict(), "pieces": explanation.pieces, "plots": written}, indent=2))
     else:
         explanation.show()
         for path in written:
