@@ -220,9 +220,11 @@ class PlanCache:
         except (OSError, pickle.PicklingError, TypeError, AttributeError) as error:
             logger.warning("could not write the plan cache in %s: %s", self.traced_directory, error)
 
-    def get(self, problem: Problem, options: Any) -> tuple[Plan, dict[str, Any]] | None:
-        """The stored plan for ``problem`` under ``options`` and the budget it was made for, or None."""
-        key = cache_key(problem, options)
+    def get(self, problem: Problem, options: Any, key: str | None = None) -> tuple[Plan, dict[str, Any]] | None:
+        """The stored plan for ``problem`` under ``options`` and the budget it was made for, or None
+        (``key``: ``cache_key(problem, options)`` where the caller has it, so a miss that is then
+        stored hashes the problem once)."""
+        key = key or cache_key(problem, options)
         path = self.directory / f"{key}.json"
         try:
             record = json.loads(path.read_text())
@@ -244,9 +246,9 @@ class PlanCache:
                     self.hits, self.misses)
         return plan, record["budget"]
 
-    def put(self, problem: Problem, options: Any, plan: Plan, budget: dict[str, Any]) -> None:
+    def put(self, problem: Problem, options: Any, plan: Plan, budget: dict[str, Any], key: str | None = None) -> None:
         """Store ``plan`` (and the budget it was made for, in ``Budget``'s fields and kind)."""
-        key = cache_key(problem, options)
+        key = key or cache_key(problem, options)
         record = {"format": FORMAT, "plan": _plan_fields(plan), "budget": budget}
         if _measured(problem):
             record["seconds"] = [value.recompute_seconds for value in problem.values]
