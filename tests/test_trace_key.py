@@ -201,3 +201,15 @@ def test_a_crafted_cache_file_cannot_run_code(tmp_path):
     (cache.traced_directory / "k.pickle").write_bytes(pickle.dumps(Payload()))
     assert cache.get_traced("k") is None and not (tmp_path / "ran").exists()
     assert trace_key_module.before_tracing("plan", _Block(), call_inputs(()), {}, None, lambda: 7) == 7
+
+
+def test_an_attribute_that_cannot_be_described_means_no_key_not_a_failure():
+    class Opaque:
+        __slots__ = ()
+
+        def __repr__(self):
+            raise RuntimeError("no repr")
+
+    model = _Block()
+    model.opaque = Opaque()
+    assert trace_key("plan", model, call_inputs((torch.randn(4, 8),)), {}) is None

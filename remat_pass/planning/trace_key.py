@@ -107,6 +107,9 @@ def trace_key(entry: str, model: nn.Module, call: CallInputs, arguments: dict[st
     except Unkeyable as reason:
         logger.info("no pre-trace plan cache key (%s): tracing", reason)
         return None
+    except Exception as error:  # an attribute whose repr or vars fails: no key, never a failed plan
+        logger.warning("no pre-trace plan cache key (%s: %s): tracing", type(error).__name__, error)
+        return None
     return hashlib.sha256(json.dumps(record, separators=(",", ":"), default=repr).encode()).hexdigest()
 
 
