@@ -8,13 +8,14 @@ peak, executed FLOPs by the profiler's count of dispatched matmuls, gradients):
 * ``eager``: the model as given (the FLOP and gradient reference);
 * ``ckpt``: Hugging Face's per-block checkpointing (``activation_checkpointing_enable``);
 * ``min_whole`` / ``min_chunked``: remat_pass at the lowest peak it reaches, the loss whole
-  (``chunk_loss=False``) and chunked (``chunk_loss=ChunkLoss(--min-chunk-mib)``, 1 MiB: the
-  lowest peak wants small chunks): the budget is the smallest one ``BudgetInfeasibleError``
-  names for a 1 KiB budget;
-* ``at_ckpt_whole`` / ``at_ckpt_auto`` / ``at_ckpt_chunked``: remat_pass given ``ckpt``'s measured
-  activation peak as a peak budget, the loss whole, ``chunk_loss=None`` (chunked only if the
-  budget cannot be met whole) and chunked (``--chunk-mib``, the default 16 MiB); extra FLOPs
-  over eager's, against ``ckpt``'s;
+  (``chunk_loss=False``) and chunked (``ChunkLoss(--min-chunk-mib, gradients="recomputed")``,
+  1 MiB: the lowest peak wants small chunks and nothing held from forward to backward): the
+  budget is the smallest one ``BudgetInfeasibleError`` names for a 1 KiB budget;
+* ``at_ckpt_whole`` / ``at_ckpt_auto`` / ``at_ckpt_chunked`` / ``at_ckpt_recomputed``: remat_pass
+  given ``ckpt``'s measured activation peak as a peak budget, the loss whole, ``chunk_loss=None``
+  (the default rule, ``planning.loss_choice``), chunked (``--chunk-mib``, the default 16 MiB,
+  gradients computed in forward: ``ChunkLoss``'s default) and chunked with the gradients
+  recomputed in backward; extra FLOPs over eager's, against ``ckpt``'s;
 * step time: ``keep_whole`` and ``keep_chunked`` (no budget, loss whole / chunked) in
   interleaved rounds, chunked over whole per round (median).
 
@@ -40,7 +41,7 @@ import remat_pass
 from benchmarks import metrics, runner
 from benchmarks.models import ModelSpec, Workload, build
 from benchmarks.strategies import Prepared, Strategy, prepare, step_with_loss
-from remat_pass.capture.loss_chunking import ChunkLoss
+from remat_pass.capture.loss_chunking import ChunkLoss, LossGradients
 
 log = logging.getLogger(__name__)
 
@@ -102,14 +103,17 @@ def run_model(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     reference = eager.pop("grads")
     rows["eager"] = eager
     rows["ckpt"], _ = measure("ckpt", lambda: prepare(Strategy.parse("checkpoint_blocks"), work), work, cfg, reference)
-    lowest = () if args.skip_lowest else (("min_whole", False), ("min_chunked", ChunkLoss(int(args.min_chunk_mib * MiB))))
+    lowest = () if args.skip_lowest else (
+        ("min_whole", False), ("min_chunked", ChunkLoss(int(args.min_chunk_mib * MiB), LossGradients.RECOMPUTED)))
     for name, chunk_loss in lowest:
         budget = lowest_peak(work, chunk_loss, args.time_limit)
         rows[name], _ = measure(name, lambda: remat_step(work, budget, chunk_loss, args.time_limit), work, cfg,
                                 reference)
         rows[name]["budget_bytes"] = budget
     ckpt_peak = rows["ckpt"]["peak_act_bytes"]
-    for name, chunk_loss in (("at_ckpt_whole", False), ("at_ckpt_auto", None), ("at_ckpt_chunked", chunked)):
+    recomputed = ChunkLoss(chunked.chunk_bytes, LossGradients.RECOMPUTED)
+    for name, chunk_loss in (("at_ckpt_whole", False), ("at_ckpt_auto", None), ("at_ckpt_chunked", chunked),
+                             ("at_ckpt_recomputed", recomputed)):
         rows[name], _ = measure(name, lambda: remat_step(work, ckpt_peak, chunk_loss, args.time_limit), work, cfg,
                                 reference)
         rows[name]["budget_bytes"] = ckpt_peak
@@ -123,6 +127,13 @@ def run_model(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     ratios = [c / w for c, w in zip(times["keep_chunked"], times["keep_whole"])]
     return {"spec": spec.to_dict(), "rows": rows, "times_s": times, "time_ratio_median": statistics.median(ratios),
             "rounds_chunked_faster": sum(r < 1 for r in ratios)}
+
+
+def _loss_form(notes: str | list[str] | None) -> str:
+    text = notes if isinstance(notes, str) else " ".join(notes or ())
+    if "loss chunked" not in text:
+        return "whole"
+    return "chunked, gradients in forward" if "in forward" in text else "chunked, recomputed"
 
 
 def summary(result: dict[str, Any]) -> list[str]:
@@ -145,13 +156,29 @@ def summary(result: dict[str, Any]) -> list[str]:
              + (f"{rows['min_whole']['peak_act_bytes'] / rows['min_chunked']['peak_act_bytes']:.2f}x"
                 if all(n in rows and not rows[n].get("refused") for n in ("min_whole", "min_chunked")) else "n/a")
              + " |"]
-    for name in ("at_ckpt_whole", "at_ckpt_auto", "at_ckpt_chunked"):
+    for name in ("at_ckpt_whole", "at_ckpt_auto", "at_ckpt_chunked", "at_ckpt_recomputed"):
         e = extra(name)
         ratio = "n/a" if e is None or not ckpt_extra else f"{e / ckpt_extra:.2f}"
         lines.append(f"| {result['spec']['label']} | {name} | {peak(name)} | "
                      f"{'n/a' if e is None else f'{e:+.1%}'} | {ckpt_extra:+.1%} | {ratio} | "
-                     f"{'chunked' if rows[name].get('notes') else 'whole'} |")
+                     f"{_loss_form(rows[name].get('notes'))} |")
     return lines
+
+
+def tables(results: dict[str, Any]) -> str:
+    """The markdown tables of a run's ``results.json``."""
+    lines = ["| model | eager peak MiB | ckpt peak MiB | lowest, loss whole | lowest, chunked | whole / chunked |",
+             "|---|---|---|---|---|---|"]
+    extra = ["| model | row (budget = ckpt's measured peak) | peak MiB | extra FLOPs | ckpt's extra FLOPs | ratio | loss |",
+             "|---|---|---|---|---|---|---|"]
+    times = ["| model | keep-all step, chunked / whole (median of rounds) | rounds chunked faster |", "|---|---|---|"]
+    for result in results["models"].values():
+        first, *rest = summary(result)
+        lines.append(first)
+        extra.extend(rest)
+        times.append(f"| {result['spec']['label']} | {result['time_ratio_median']:.3f} | "
+                     f"{result['rounds_chunked_faster']}/{len(result['times_s']['keep_whole'])} |")
+    return "\n".join([*lines, "", *extra, "", *times])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,7 +197,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-lowest", action="store_true", help="no min_whole / min_chunked rows")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--tables-only", action="store_true", help="rewrite OUT/tables.md from OUT/results.json")
     args = parser.parse_args(argv)
+    if args.tables_only:
+        text = tables(json.loads((args.out / "results.json").read_text()))
+        (args.out / "tables.md").write_text(text + "\n")
+        print(text)
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -178,18 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     for kind in args.models:
         results["models"][kind] = run_model(kind, args)
         (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
-    lines = ["| model | eager peak MiB | ckpt peak MiB | lowest, loss whole | lowest, chunked | whole / chunked |",
-             "|---|---|---|---|---|---|"]
-    extra = ["| model | row (budget = ckpt's measured peak) | peak MiB | extra FLOPs | ckpt's extra FLOPs | ratio | loss |",
-             "|---|---|---|---|---|---|---|"]
-    times = ["| model | keep-all step, chunked / whole (median of rounds) | rounds chunked faster |", "|---|---|---|"]
-    for result in results["models"].values():
-        first, *rest = summary(result)
-        lines.append(first)
-        extra.extend(rest)
-        times.append(f"| {result['spec']['label']} | {result['time_ratio_median']:.3f} | "
-                     f"{result['rounds_chunked_faster']}/{len(result['times_s']['keep_whole'])} |")
-    text = "\n".join([*lines, "", *extra, "", *times])
+    text = tables(results)
     (args.out / "tables.md").write_text(text + "\n")
     print(text)
     return 0

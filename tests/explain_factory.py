@@ -89,3 +89,26 @@ def factory_keywords():
     """(model, a dict of keyword inputs): a Hugging Face-style batch."""
     torch.manual_seed(0)
     return KeywordMLP(), {"x": torch.randn(BATCH, WIDTH), "scale": torch.full((1,), 2.0)}
+
+
+class TinyLanguageModel(nn.Module):
+    """Embedding, a block, a linear head over a 512-token vocabulary: 64 tokens' logits (128 KiB in
+    fp32) dwarf the block's activations, the loss a language model's cross-entropy."""
+
+    def __init__(self, vocab: int = 512, width: int = 16) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, width)
+        self.block = nn.Sequential(nn.Linear(width, 4 * width, bias=False), nn.Tanh(),
+                                   nn.Linear(4 * width, width, bias=False))
+        self.head = nn.Linear(width, vocab, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.block(self.embed(tokens)))
+
+
+def factory_language_model():
+    """(model, tokens, loss_fn): next-token cross-entropy over the logits."""
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 512, (2, 32))
+    return TinyLanguageModel(), (tokens,), lambda logits, t: nn.functional.cross_entropy(logits.flatten(0, 1),
+                                                                                         t.flatten())

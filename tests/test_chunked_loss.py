@@ -14,8 +14,9 @@ from torch import nn
 import remat_pass
 from remat_pass import BudgetInfeasibleError, ChunkLoss
 from remat_pass.capture.capture import capture
-from remat_pass.capture.chunked_loss_op import apply_chain, chunked_linear_cross_entropy
-from remat_pass.capture.loss_chunking import chunked_regions
+from remat_pass.capture.chunked_loss_op import (apply_chain, chunked_linear_cross_entropy,
+                                                chunked_linear_cross_entropy_with_gradients)
+from remat_pass.capture.loss_chunking import LossGradients, chunked_regions
 from remat_pass.runtime.measure import peak_activation_bytes
 from remat_pass.tools.explain import explain
 
@@ -81,6 +82,73 @@ def test_frozen_head_gets_no_weight_gradient() -> None:
     assert w.grad is None and h.grad is not None
     eager = torch.autograd.grad(F.cross_entropy(F.linear(h, w), target), h)[0]
     torch.testing.assert_close(h.grad, eager, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("reduction,smoothing,weighted,chain", [c for c in CASES if c[0] != "none"])
+def test_gradients_in_forward_match_eager(reduction: str, smoothing: float, weighted: bool, chain: str) -> None:
+    """The gradients computed with the loss, scaled in backward: one chunk is eager's program bit
+    for bit at an incoming gradient of 1 or a power of 2 (an exact scaling); any other scale, or
+    chunks of 8 rows, differ by fp32 rounding only."""
+    torch.manual_seed(0)
+    tokens, hidden, vocab = 37, 16, 50
+    h, w, b = (torch.randn(*shape, requires_grad=True) for shape in ((tokens, hidden), (vocab, hidden), (vocab,)))
+    target = torch.randint(0, vocab, (tokens,))
+    target[::5] = -100
+    class_weight = torch.rand(vocab) if weighted else None
+    eager = F.cross_entropy(apply_chain(F.linear(h, w, b), chain), target, weight=class_weight, ignore_index=-100,
+                            reduction=reduction, label_smoothing=smoothing)
+    for grad, rows in itertools.product((1.0, 0.25, 0.3), (tokens, 8)):
+        expected = (eager, *torch.autograd.grad(eager, (h, w, b), torch.tensor(grad), retain_graph=True))
+        loss = chunked_linear_cross_entropy_with_gradients(h, w, b, target, class_weight, chain, -100, smoothing,
+                                                           reduction, rows, True, True)[0]
+        got = (loss, *_grads(loss, (h, w, b), torch.tensor(grad)))
+        for a, e in zip(got, expected):
+            if rows == tokens and grad != 0.3:
+                assert torch.equal(a, e)
+            else:
+                torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-6)
+
+
+def test_gradients_in_forward_only_where_asked() -> None:
+    """A frozen head gets no weight gradient (none computed: the held one is empty); a per-token
+    loss cannot have its gradients computed before its incoming gradient is known."""
+    h, w = torch.randn(9, 4, requires_grad=True), torch.randn(11, 4)
+    target = torch.randint(0, 11, (9,))
+    loss, grad_hidden, grad_weight, grad_bias = chunked_linear_cross_entropy_with_gradients(
+        h, w, None, target, None, "", -100, 0.0, "sum", 4, True, False)
+    assert grad_weight.numel() == 0 and grad_bias.numel() == 0 and grad_hidden.shape == h.shape
+    loss.backward()
+    assert w.grad is None
+    torch.testing.assert_close(h.grad, torch.autograd.grad(F.cross_entropy(F.linear(h, w), target, reduction="sum"),
+                                                           h)[0], rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="reduction='none'"):
+        chunked_linear_cross_entropy_with_gradients(h, w, None, target, None, "", -100, 0.0, "none", 4, True, False)
+
+
+@pytest.mark.parametrize("gradients", list(LossGradients))
+def test_where_the_gradients_are_computed(gradients: LossGradients) -> None:
+    """Both ways give eager's step; in forward adds no FLOPs and holds the head's gradients
+    (the tied embedding's 96 x 16 fp32 and the hidden states' 48 x 16), recomputed adds one head
+    matmul and holds nothing."""
+    torch.manual_seed(0)
+    model, inputs = TinyLM(), _inputs()
+    expected = _step(model, inputs)
+    config = ChunkLoss(chunk_bytes=96 * 4 * 10, gradients=gradients)
+    chunked = remat_pass.optimize(copy.deepcopy(model), chunk_loss=config, plan_cache=False)
+    _assert_step_close(_step(chunked, inputs), expected, exact=False)
+    (region,) = _chunked_nodes(TinyLM(), inputs, config)
+    assert region.gradients is gradients
+    in_forward = gradients is LossGradients.IN_FORWARD
+    assert region.extra_flops == (0 if in_forward else 2 * 48 * 16 * 96)
+    assert region.held_bytes == ((96 * 16 + 48 * 16) * 4 if in_forward else 0)
+    note = chunked.plan.problem.notes[0]
+    assert ("computed with the loss in forward" in note) is in_forward
+    assert ("backward recomputes the head" in note) is not in_forward
+
+
+def test_chunk_loss_rejects_an_unknown_gradients_mode() -> None:
+    with pytest.raises(ValueError, match="gradients must be one of 'in_forward', 'recomputed'"):
+        ChunkLoss(gradients="later")
 
 
 class TinyLM(nn.Module):
@@ -156,8 +224,8 @@ def test_one_chunk_is_bit_exact() -> None:
     _assert_step_close(got, expected, exact=True)
 
 
-def _chunked_nodes(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> list:
-    graphs = capture(model, inputs, chunk_loss=ChunkLoss())
+def _chunked_nodes(model: nn.Module, inputs: tuple[torch.Tensor, ...], config: ChunkLoss = ChunkLoss()) -> list:
+    graphs = capture(model, inputs, chunk_loss=config)
     return [region for joint in graphs for region in chunked_regions(joint.module.graph)]
 
 
@@ -240,13 +308,17 @@ def test_explain_says_the_loss_was_chunked() -> None:
     assert "loss chunked" in report.headline()
 
 
-def _measured_peak(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> int:
+def _measured_peak(model: nn.Module, inputs: tuple[torch.Tensor, ...], owner: nn.Module | None = None) -> int:
+    """The step's activation peak, measured after a warm-up call; ``owner`` holds the parameters
+    when ``model`` is a compiled callable of it."""
+    owner = model if owner is None else owner
+
     def step() -> None:
         model(*inputs).backward()
 
     step()  # warm-up: compile and plan outside the measurement
-    model.zero_grad(set_to_none=False)
-    return peak_activation_bytes(step, survivors=lambda: [p.grad for p in model.parameters()])[1]
+    owner.zero_grad(set_to_none=False)
+    return peak_activation_bytes(step, survivors=lambda: [p.grad for p in owner.parameters()])[1]
 
 
 def test_peak_budget_below_the_unchunked_minimum_fits_by_chunking() -> None:
@@ -309,10 +381,10 @@ def test_the_cheaper_of_whole_and_chunked_is_kept(monkeypatch, chunked_is_cheape
     """chunk_loss=None with a budget met whole by recomputing: both plans are made, the cheaper is
     the one that runs and the only one in ``plans``; the whole one still runs after the graph it was
     compiled from was rewritten for the chunked attempt (eager's gradients bit for bit)."""
+    from remat_pass.planning import loss_choice
     from remat_pass.runtime import dynamo_backend
 
-    monkeypatch.setattr(dynamo_backend, "chunking_flops", lambda gm: 1)  # any recompute is dearer
-    monkeypatch.setattr(dynamo_backend, "worth_chunking", lambda whole, chunked, extra: chunked_is_cheaper)
+    monkeypatch.setattr(loss_choice, "worth_chunking", lambda whole, chunked, extra: chunked_is_cheaper)
     monkeypatch.setattr(dynamo_backend, "would_split", lambda gm, chunking: True)  # TinyLM's loss is one chunk
     torch.manual_seed(0)
     model, inputs = TinyLM(), _inputs()
@@ -344,3 +416,68 @@ def test_plan_traces_a_step_without_a_cross_entropy_once(monkeypatch) -> None:
                            loss_fn=lambda out, *_: out.square().mean())
     assert plan.recompute_flops > 0 or plan.recomputed  # the budget made it recompute
     assert traces == [None]
+
+
+@pytest.mark.backend_default
+def test_the_inductor_fit_chunks_a_loss_it_cannot_fit_whole(monkeypatch) -> None:
+    """The default backend under a peak budget (Inductor, fitted): when the whole loss's compiled
+    candidates do not fit, the loss is fitted chunked; when that fails too (made to, here: no
+    Inductor compile runs) the eager fallback chooses by the rule, and chunks: the step measures
+    within the budget with eager's gradients."""
+    from remat_pass.runtime import dynamo_backend
+
+    fits = []
+
+    def refuse(compile_at, inputs, **options):
+        fits.append(compile_at)
+        raise BudgetInfeasibleError(budget, 2 * budget, 4 * budget, kind="peak")
+
+    monkeypatch.setattr(dynamo_backend, "fit_peak", refuse)
+    torch.manual_seed(0)
+    vocab = 2048
+    model, inputs = TinyLM(vocab=vocab, hidden=16), _inputs(vocab=vocab, batch=2, seq=64)
+    with pytest.raises(BudgetInfeasibleError) as refused:
+        remat_pass.optimize(copy.deepcopy(model), budget="1KiB", budget_kind="peak", chunk_loss=False,
+                            example_inputs=inputs, plan_cache=False)
+    budget = int(refused.value.min_bytes * 0.6)
+    expected = _step(model, inputs)
+    backend = remat_pass.backend(budget=budget, budget_kind="peak", plan_cache=False)
+    assert backend.fits_compiled_peak
+    fitted = copy.deepcopy(model)
+    compiled = torch.compile(fitted, backend=backend)
+    assert _measured_peak(lambda *x: compiled(*x), inputs, fitted) <= budget
+    assert len(fits) == 2  # the whole loss, then the loss chunked
+    (plan,) = backend.plans
+    assert "loss chunked" in plan.problem.notes[0]
+    _assert_compiled_step_close(compiled, fitted, inputs, expected)
+
+
+@pytest.mark.slow
+@pytest.mark.backend_default
+def test_the_inductor_fit_chunks_for_real() -> None:
+    """As above with Inductor compiling: a quarter of the whole loss's unfused minimum is below what
+    Inductor's fused whole loss measures (0.43 of it, 2026-12-06), and within it chunked."""
+    torch.manual_seed(0)
+    vocab = 2048
+    model, inputs = TinyLM(vocab=vocab, hidden=16), _inputs(vocab=vocab, batch=2, seq=64)
+    with pytest.raises(BudgetInfeasibleError) as refused:
+        remat_pass.optimize(copy.deepcopy(model), budget="1KiB", budget_kind="peak", chunk_loss=False,
+                            example_inputs=inputs, plan_cache=False)
+    budget = int(refused.value.min_bytes * 0.25)
+    expected = _step(model, inputs)
+    backend = remat_pass.backend(budget=budget, budget_kind="peak", plan_cache=False)
+    fitted = copy.deepcopy(model)
+    compiled = torch.compile(fitted, backend=backend)
+    assert _measured_peak(lambda *x: compiled(*x), inputs, fitted) <= budget
+    (plan,) = backend.plans
+    assert "loss chunked" in plan.problem.notes[0]
+    _assert_compiled_step_close(compiled, fitted, inputs, expected)
+
+
+def _assert_compiled_step_close(compiled, owner: nn.Module, inputs, expected) -> None:
+    owner.zero_grad(set_to_none=True)
+    loss = compiled(*inputs)
+    loss.backward()
+    torch.testing.assert_close(loss.detach(), expected[0], rtol=1e-5, atol=1e-6)
+    for name, p in owner.named_parameters():
+        torch.testing.assert_close(p.grad, expected[1][name], rtol=1e-5, atol=1e-6)

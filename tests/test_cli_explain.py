@@ -84,6 +84,17 @@ def test_table_output(capsys, monkeypatch):
     assert "full" in out or "selective" in out
 
 
+@pytest.mark.parametrize("choice,said", [("on", "computed with the loss in forward"),
+                                         ("recomputed", "backward recomputes the head"), ("off", None)])
+def test_chunk_loss_reaches_the_planner(choice, said, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert main(["explain", f"{FACTORY}:factory_language_model", "--budget", "0.5", "--chunk-loss", choice,
+                 "--plan-cache", "off"]) == 0
+    out = capsys.readouterr().out
+    assert ("loss chunked: 64 tokens x 512 vocabulary" in out) is (said is not None)
+    assert said is None or said in out
+
+
 def test_measured_costs(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     assert main(["explain", f"{FACTORY}:factory_with_loss", "--budget", "0.3", "--costs", "measure"]) == 0
@@ -157,17 +168,17 @@ def test_prove_and_plan_cache_reach_the_planner(capsys, monkeypatch, tmp_path):
 def test_a_repeated_command_is_answered_before_tracing(capsys, monkeypatch, tmp_path):
     """The same ``explain`` command against the same ``--plan-cache`` does not trace again
     (``planning.trace_key``) and prints the same numbers; ``--plot`` still traces (its curve needs the step)."""
-    from remat_pass.planning import repeated_blocks
+    import remat_pass.tools.explain as explain_module
 
     monkeypatch.chdir(ROOT)
     traces = []
-    original = repeated_blocks.trace_repeated
+    original = explain_module.trace_repeated
 
     def counting(*args, **kwargs):
         traces.append(1)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(repeated_blocks, "trace_repeated", counting)
+    monkeypatch.setattr(explain_module, "trace_repeated", counting)
     command = ["explain", f"{FACTORY}:factory_with_loss", "--budget", "0.3", "--json", "--plan-cache", str(tmp_path)]
     outputs = []
     for _ in range(2):

@@ -45,20 +45,23 @@ def chunked_loss_flops(node: fx.Node) -> int | None:
 
     Forward: one ``tokens x hidden x vocab`` matmul (2·T·H·V). Backward: the logits recomputed
     (2·T·H·V, the price of chunking), the hidden's gradient (2·T·H·V) and, when the weight
-    needs one, the weight's (2·T·H·V). The softmax and chain are memory-bound and count 0, as
+    needs one, the weight's (2·T·H·V). With the gradients computed in forward: the logits and
+    each gradient asked for, once. The softmax and chain are memory-bound and count 0, as
     ``torch.utils.flop_counter`` counts pointwise ops.
     """
-    from ..capture.chunked_loss_op import BACKWARD_OP_NAME, OP_NAME
+    from ..capture.chunked_loss_op import BACKWARD_OP_NAME, OP_NAME, WITH_GRADIENTS_OP_NAME
 
     name = node.target.name() if isinstance(node.target, torch._ops.OpOverload) else ""
-    if name not in (OP_NAME, BACKWARD_OP_NAME):
+    if name not in (OP_NAME, BACKWARD_OP_NAME, WITH_GRADIENTS_OP_NAME):
         return None
-    offset = 1 if name == BACKWARD_OP_NAME else 0
-    hidden, weight = (node.args[offset].meta["val"], node.args[offset + 1].meta["val"])
+    arguments = dict(zip((a.name for a in node.target._schema.arguments), node.args))
+    hidden, weight = arguments["hidden"].meta["val"], arguments["weight"].meta["val"]
     head = 2 * _concrete(hidden.shape[0]) * _concrete(hidden.shape[1]) * _concrete(weight.shape[0])
     if name == OP_NAME:
         return head
-    return head * (3 if node.args[-1] else 2)
+    if name == WITH_GRADIENTS_OP_NAME:
+        return head * (1 + bool(arguments["hidden_grads"]) + bool(arguments["weight_grads"]))
+    return head * (3 if arguments["weight_grads"] else 2)
 
 
 def node_flops(node: fx.Node) -> int:

@@ -168,19 +168,23 @@ def estimated_scratch_bytes(node: fx.Node) -> int:
 # A chunked loss's live working set, in chunks of fp32 logits. Measured on CPU (torch 2.13, fp32,
 # 512 tokens x 4096 vocabulary in chunks of 64 rows; allocator peak less the outputs): forward 2.0
 # chunks (no chain, or the upcast alone) and 3.0 (Gemma-2's softcapping then the upcast); backward
-# 5.0 and 6.0. One chunk more each for chains or dtypes not measured.
-_CHUNK_LOGITS_LIVE = {"chunked_linear_cross_entropy": 4, "chunked_linear_cross_entropy_backward": 7}
+# 5.0 and 6.0. One chunk more each for chains or dtypes not measured. The gradients computed in
+# forward run backward's loop: its count.
+_CHUNK_LOGITS_LIVE = {"chunked_linear_cross_entropy": 4, "chunked_linear_cross_entropy_backward": 7,
+                      "chunked_linear_cross_entropy_with_gradients": 7}
 
 
 def _chunked_loss_scratch(node: fx.Node) -> int:
     """A chunked loss's working set where it cannot run: a few chunks of logits (its chunk rows
     x vocabulary in fp32), plus the weight's fp32 gradient accumulator for low-precision weights."""
-    backward = node.target.overloadpacket.__name__.endswith("_backward")
-    hidden, weight = (a.meta["val"] for a in node.args[int(backward): 2 + int(backward)])
-    rows = min(int(node.args[-2] if backward else node.args[-1]), concrete_int(hidden.shape[0]))
+    name = node.target.overloadpacket.__name__
+    arguments = dict(zip((a.name for a in node.target._schema.arguments), node.args))
+    hidden, weight = arguments["hidden"].meta["val"], arguments["weight"].meta["val"]
+    rows = min(int(arguments["chunk_rows"]), concrete_int(hidden.shape[0]))
     chunk = rows * concrete_int(weight.shape[0]) * 4
-    accumulator = _bytes(node.args[2]) * 2 if backward and weight.element_size() < 4 else 0
-    return _CHUNK_LOGITS_LIVE[node.target.overloadpacket.__name__] * chunk + accumulator
+    accumulates = name != "chunked_linear_cross_entropy" and arguments["weight_grads"]
+    accumulator = _bytes(arguments["weight"]) * 2 if accumulates and weight.element_size() < 4 else 0
+    return _CHUNK_LOGITS_LIVE[name] * chunk + accumulator
 
 
 def _measurable(node: fx.Node) -> bool:

@@ -25,7 +25,7 @@ import torch
 from torch import fx
 
 from .capture_errors import capture_failure
-from .loss_chunking import ChunkLoss, chunk_losses
+from .loss_chunking import ChunkLoss, chunk_losses, copied
 from ..compat import (PartitionerBase, checkpoint_side_effects_run_once, has_custom_partitioner, is_fake,
                       use_boxed_codegen)
 from ..errors import CaptureError
@@ -173,8 +173,10 @@ def _chunking_losses(config: ChunkLoss | None, compile_fn: Callable[..., Any]) -
         return compile_fn
 
     def backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
-        chunk_losses(gm, config)
-        return compile_fn(gm, example_inputs)
+        # A copy: the graph Dynamo gave may be compiled again, whole or chunked otherwise (loss_choice).
+        chunked = copied(gm)
+        chunk_losses(chunked, config)
+        return compile_fn(chunked, example_inputs)
 
     return backend
 

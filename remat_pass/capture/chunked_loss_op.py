@@ -32,6 +32,7 @@ from ..compat import autograd_inside_kernel
 
 OP_NAME = "remat_pass::chunked_linear_cross_entropy"
 BACKWARD_OP_NAME = "remat_pass::chunked_linear_cross_entropy_backward"
+WITH_GRADIENTS_OP_NAME = "remat_pass::chunked_linear_cross_entropy_with_gradients"
 REDUCTIONS = ("mean", "sum", "none")
 
 
@@ -114,6 +115,14 @@ def chunked_linear_cross_entropy(
     per_chunk = _per_chunk_reduction(reduction, hidden.shape[0], chunk_rows)
     parts = [_chunk_loss(F.linear(hidden[a:b], weight, bias), target[a:b], class_weight, chain, ignore_index,
                          label_smoothing, per_chunk) for a, b in _spans(hidden.shape[0], chunk_rows)]
+    return _combined(parts, hidden, target, class_weight, chain, ignore_index, reduction, per_chunk)
+
+
+def _combined(parts: list[torch.Tensor], hidden: torch.Tensor, target: torch.Tensor,
+              class_weight: Optional[torch.Tensor], chain: str, ignore_index: int, reduction: str,
+              per_chunk: str) -> torch.Tensor:
+    """The loss from its chunks' losses: concatenated ("none"), the one chunk's, or summed in
+    order (and over the global denominator for "mean")."""
     if reduction == "none":
         return torch.cat(parts) if parts else hidden.new_empty(0, dtype=chain_dtype(chain, hidden.dtype))
     if len(parts) == 1 and per_chunk == reduction:
@@ -141,17 +150,37 @@ def chunked_linear_cross_entropy_backward(
     ``weight_grads`` is False; the bias's empty without a bias), recomputing each chunk's logits."""
     per_chunk = _per_chunk_reduction(reduction, hidden.shape[0], chunk_rows)
     scale = grad / _denominator(target, class_weight, ignore_index) if reduction == "mean" != per_chunk else grad
-    grad_hidden = torch.empty_like(hidden)
+    _, grads = _loss_and_gradients(hidden, weight, bias, target, class_weight, chain, ignore_index, label_smoothing,
+                                   reduction, chunk_rows, scale, True, weight_grads)
+    return grads
+
+
+def _loss_and_gradients(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], target: torch.Tensor,
+    class_weight: Optional[torch.Tensor], chain: str, ignore_index: int, label_smoothing: float, reduction: str,
+    chunk_rows: int, scale: torch.Tensor, hidden_grads: bool, weight_grads: bool,
+) -> tuple[list[torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Each chunk's loss (``reduction`` per chunk, as the forward computes it) and the gradients
+    for ``hidden``, ``weight``, ``bias`` at ``scale`` (the gradient of each chunk's loss: the
+    incoming one, over the global denominator for a chunked "mean"); a gradient not asked for,
+    or the bias's without a bias, is empty. The weight's gradient is accumulated in place over
+    chunks, in fp32 for a low-precision weight (a per-chunk weight-sized gradient would be a
+    second copy of the head)."""
+    per_chunk = _per_chunk_reduction(reduction, hidden.shape[0], chunk_rows)
+    grad_hidden = torch.empty_like(hidden) if hidden_grads else hidden.new_empty(0)
     accumulate = torch.float32 if weight.dtype in (torch.float16, torch.bfloat16) else weight.dtype
     grad_weight: torch.Tensor | None = None
     grad_bias: torch.Tensor | None = None
+    losses = []
     for a, b in _spans(hidden.shape[0], chunk_rows):
         rows = hidden[a:b]
         with autograd_inside_kernel():
             logits = F.linear(rows, weight, bias).detach().requires_grad_()
             loss = _chunk_loss(logits, target[a:b], class_weight, chain, ignore_index, label_smoothing, per_chunk)
             (grad_logits,) = torch.autograd.grad(loss, logits, scale[a:b] if reduction == "none" else scale)
-        torch.mm(grad_logits, weight, out=grad_hidden[a:b])
+        losses.append(loss.detach())
+        if hidden_grads:
+            torch.mm(grad_logits, weight, out=grad_hidden[a:b])
         if not weight_grads:
             continue
         g, x = (grad_logits, rows) if accumulate == weight.dtype else (grad_logits.to(accumulate), rows.to(accumulate))
@@ -159,8 +188,8 @@ def chunked_linear_cross_entropy_backward(
         if bias is not None:
             grad_bias = g.sum(0) if grad_bias is None else grad_bias.add_(g.sum(0))
     grad_weight = torch.zeros_like(weight) if weight_grads and grad_weight is None else grad_weight
-    return (grad_hidden, hidden.new_empty(0) if grad_weight is None else grad_weight.to(weight.dtype),
-            hidden.new_empty(0) if grad_bias is None else grad_bias.to(weight.dtype))
+    return losses, (grad_hidden, hidden.new_empty(0) if grad_weight is None else grad_weight.to(weight.dtype),
+                    hidden.new_empty(0) if grad_bias is None else grad_bias.to(weight.dtype))
 
 
 @chunked_linear_cross_entropy_backward.register_fake
@@ -190,5 +219,61 @@ def _backward(ctx, grad):
 chunked_linear_cross_entropy.register_autograd(_backward, setup_context=_setup_context)
 
 
-__all__ = ["BACKWARD_OP_NAME", "ChainStep", "OP_NAME", "REDUCTIONS", "apply_chain", "chain_dtype",
-           "chunked_linear_cross_entropy", "chunked_linear_cross_entropy_backward", "encode_chain"]
+# --- gradients computed with the loss -----------------------------------------------------------
+
+
+@torch.library.custom_op(WITH_GRADIENTS_OP_NAME, mutates_args=())
+def chunked_linear_cross_entropy_with_gradients(
+    hidden: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], target: torch.Tensor,
+    class_weight: Optional[torch.Tensor], chain: str, ignore_index: int, label_smoothing: float,
+    reduction: str, chunk_rows: int, hidden_grads: bool, weight_grads: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The loss (a "mean" or "sum": one number) and its gradients for ``hidden``, ``weight`` and
+    ``bias`` at an incoming gradient of 1, chunk by chunk in one pass (Liger's fused linear
+    cross-entropy): each chunk's logits are made once, never again. The gradient a scalar loss
+    receives only scales these (the chain rule is linear in it), so backward multiplies and
+    recomputes nothing; a gradient not asked for (``hidden_grads``/``weight_grads`` False, or
+    the bias's without a bias) is empty."""
+    if reduction == "none":
+        raise ValueError("the gradients of a reduction='none' loss depend on each token's incoming gradient; "
+                         "chunk it with backward='recompute'")
+    per_chunk = _per_chunk_reduction(reduction, hidden.shape[0], chunk_rows)
+    one = torch.ones((), dtype=chain_dtype(chain, hidden.dtype), device=hidden.device)
+    scale = one / _denominator(target, class_weight, ignore_index) if reduction == "mean" != per_chunk else one
+    losses, grads = _loss_and_gradients(hidden, weight, bias, target, class_weight, chain, ignore_index,
+                                        label_smoothing, reduction, chunk_rows, scale, hidden_grads, weight_grads)
+    return (_combined(losses, hidden, target, class_weight, chain, ignore_index, reduction, per_chunk), *grads)
+
+
+@chunked_linear_cross_entropy_with_gradients.register_fake
+def _fake_with_gradients(hidden, weight, bias, target, class_weight, chain, ignore_index, label_smoothing,
+                         reduction, chunk_rows, hidden_grads, weight_grads):
+    return (hidden.new_empty((), dtype=chain_dtype(chain, hidden.dtype)),
+            torch.empty_like(hidden) if hidden_grads else hidden.new_empty(0),
+            torch.empty_like(weight) if weight_grads else hidden.new_empty(0),
+            torch.empty_like(bias) if weight_grads and bias is not None else hidden.new_empty(0))
+
+
+def _setup_with_gradients(ctx, inputs, output) -> None:
+    _, grad_hidden, grad_weight, grad_bias = output
+    ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
+    ctx.has_bias = inputs[2] is not None
+    ctx.mark_non_differentiable(grad_hidden, grad_weight, grad_bias)
+
+
+def _backward_with_gradients(ctx, grad, *_unused):
+    """The stored gradients times the loss's incoming one (exact when it is 1 or a power of 2)."""
+    grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
+    needs = ctx.needs_input_grad
+    return (grad_hidden * grad if needs[0] else None, grad_weight * grad if needs[1] else None,
+            grad_bias * grad if ctx.has_bias and needs[2] else None,
+            None, None, None, None, None, None, None, None, None)
+
+
+chunked_linear_cross_entropy_with_gradients.register_autograd(_backward_with_gradients,
+                                                              setup_context=_setup_with_gradients)
+
+
+__all__ = ["BACKWARD_OP_NAME", "ChainStep", "OP_NAME", "REDUCTIONS", "WITH_GRADIENTS_OP_NAME", "apply_chain",
+           "chain_dtype", "chunked_linear_cross_entropy", "chunked_linear_cross_entropy_backward",
+           "chunked_linear_cross_entropy_with_gradients", "encode_chain"]

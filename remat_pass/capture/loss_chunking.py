@@ -6,8 +6,12 @@ through a single-user chain of row-wise ops (views that keep the last dimension,
 of ``F.cross_entropy`` on ``[tokens, vocab]`` logits and ``[tokens]`` targets. That is Hugging
 Face's ``ForCausalLMLoss`` / ``fixed_cross_entropy`` (transformers 5), ``remat_pass.examples.lm_loss``
 and a hand-written ``F.cross_entropy(model(x).flatten(0, 1), y)``. The whole region becomes one
-``remat_pass::chunked_linear_cross_entropy`` call, so AOTAutograd sees one forward node that saves
-only its inputs and one backward node that recomputes each chunk's logits.
+``remat_pass`` op call, so AOTAutograd sees one forward node and no ``tokens x vocab`` tensor. How its
+backward gets the gradients is ``ChunkLoss.gradients``: by default (a "mean" or "sum" loss) they are
+computed with the loss, chunk by chunk, in forward, and backward scales them by the loss's incoming
+gradient (``chunked_linear_cross_entropy_with_gradients``: no extra FLOPs; the head weight's gradient
+is held from forward to backward); or backward recomputes each chunk's logits
+(``chunked_linear_cross_entropy`` + its backward op: one more head matmul, only the inputs held).
 
 The rewrite runs on Dynamo's torch-level graph, before AOTAutograd: there the loss is still one
 ``cross_entropy`` call with its keyword arguments, rather than its decomposition. Anything that
@@ -17,6 +21,8 @@ does not match (logits also used elsewhere, such as returned to the user; legacy
 
 from __future__ import annotations
 
+import copy as _copy
+import enum
 import inspect
 import logging
 import operator
@@ -43,9 +49,30 @@ _VIEW_FUNCTIONS = frozenset({torch.reshape, torch.flatten})
 _AUTOCAST = frozenset({torch.amp.autocast_mode._enter_autocast, torch.amp.autocast_mode._exit_autocast})
 
 
+class LossGradients(str, enum.Enum):
+    """Where a chunked loss's gradients are computed.
+
+    ``IN_FORWARD``: with the loss, each chunk's logits made once (Liger's fused linear
+    cross-entropy). Same FLOPs as the loss whole; holds the gradients for the hidden states and the
+    head's weight (``tokens x hidden`` + ``vocab x hidden``) from forward to backward, where
+    eager's weight gradient exists from the start of backward anyway. A "mean" or "sum" loss only:
+    a per-token loss's gradients depend on each token's incoming gradient.
+    ``RECOMPUTED``: in backward, each chunk's logits made again (Cut Cross-Entropy): one more
+    head matmul (``2 x tokens x hidden x vocab``), nothing held but the inputs.
+    """
+
+    IN_FORWARD = "in_forward"
+    RECOMPUTED = "recomputed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class ChunkLoss:
-    """How a loss is chunked: ``chunk_bytes`` bounds one chunk's logits (in the loss's dtype).
+    """How a loss is chunked: ``chunk_bytes`` bounds one chunk's logits (in the loss's dtype);
+    ``gradients`` says where the gradients are computed (``LossGradients``; a per-token loss,
+    ``reduction="none"``, is always recomputed).
 
     16 MiB by default: the chunk's transient working set (logits, the chain's copies, log-probs,
     their gradient: a few chunks' worth) stays a few tens of MiB, small beside a model's
@@ -54,10 +81,16 @@ class ChunkLoss:
     """
 
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    gradients: LossGradients = LossGradients.IN_FORWARD
 
     def __post_init__(self) -> None:
         if self.chunk_bytes < 1:
             raise ValueError(f"chunk_bytes must be a positive number of bytes, got {self.chunk_bytes}")
+        try:
+            object.__setattr__(self, "gradients", LossGradients(self.gradients))
+        except ValueError:
+            choices = ", ".join(repr(str(g)) for g in LossGradients)
+            raise ValueError(f"gradients must be one of {choices}, got {self.gradients!r}") from None
 
 
 @dataclass(frozen=True)
@@ -71,6 +104,8 @@ class ChunkedRegion:
     logits_bytes: int  # one [tokens, vocab] tensor in the loss's dtype
     chain: str
     reduction: str
+    gradients: LossGradients = LossGradients.RECOMPUTED
+    held_bytes: int = 0  # the gradients held from forward to backward (IN_FORWARD)
 
     @property
     def chunks(self) -> int:
@@ -78,21 +113,32 @@ class ChunkedRegion:
 
     @property
     def extra_flops(self) -> int:
-        """What chunking adds to the step: the head's matmul once more, in backward."""
-        return 2 * self.tokens * self.hidden * self.vocab
+        """What chunking adds to the step: the head's matmul once more, in backward, when the
+        gradients are recomputed; nothing when they are computed with the loss."""
+        return 0 if self.gradients is LossGradients.IN_FORWARD else 2 * self.tokens * self.hidden * self.vocab
+
+
+def _forward_ops() -> dict[Any, LossGradients]:
+    ops = torch.ops.remat_pass
+    return {ops.chunked_linear_cross_entropy.default: LossGradients.RECOMPUTED,
+            ops.chunked_linear_cross_entropy_with_gradients.default: LossGradients.IN_FORWARD}
 
 
 def chunked_regions(graph: fx.Graph) -> list[ChunkedRegion]:
     """The chunked losses of a graph after AOTAutograd (their forward op nodes)."""
     regions = []
+    forward_ops = _forward_ops()
     for node in graph.nodes:
-        if node.op == "call_function" and node.target is torch.ops.remat_pass.chunked_linear_cross_entropy.default:
+        if node.op == "call_function" and node.target in forward_ops:
             hidden, weight = (a.meta["val"] for a in node.args[:2])
             chain, reduction, rows = node.args[5], node.args[8], node.args[9]
             tokens, vocab = int(hidden.shape[0]), int(weight.shape[0])
             itemsize = torch.empty((), dtype=chain_dtype(chain, hidden.dtype)).element_size()
+            gradients = forward_ops[node.target]
+            held = sum(int(t.numel()) * t.element_size() for t in node.meta["val"][1:]) \
+                if gradients is LossGradients.IN_FORWARD else 0
             regions.append(ChunkedRegion(tokens, int(hidden.shape[1]), vocab, int(rows), tokens * vocab * itemsize,
-                                         chain, reduction))
+                                         chain, reduction, gradients, held))
     return regions
 
 
@@ -103,13 +149,15 @@ def describe(region: ChunkedRegion) -> str:
             f"{region.chunk_rows} rows (linear head{' + ' + region.chain if region.chain else ''} + cross_entropy, "
             f"reduction {region.reduction}); the logits ({region.logits_bytes / MiB:.1f} MiB), their "
             f"log-probabilities and gradient are never whole, one chunk's ({chunk / MiB:.1f} MiB) at a time; "
-            f"backward recomputes the head (+{2 * region.tokens * region.hidden * region.vocab / 1e9:.2f} GFLOP)")
+            + (f"the gradients are computed with the loss in forward (no extra FLOPs; {region.held_bytes / MiB:.1f} "
+               "MiB of them held until backward)" if region.gradients is LossGradients.IN_FORWARD else
+               f"backward recomputes the head (+{region.extra_flops / 1e9:.2f} GFLOP)"))
 
 
-def chunk_for_budget(budget_bytes: int) -> ChunkLoss:
-    """The chunking ``chunk_loss=None`` picks for a budget the whole loss could not meet: a
-    chunk's logits at 1/16 of the budget, between 64 KiB and the default 16 MiB."""
-    return ChunkLoss(min(DEFAULT_CHUNK_BYTES, max(MIN_CHUNK_BYTES, budget_bytes // BUDGET_SHARE)))
+def chunk_for_budget(budget_bytes: int, gradients: LossGradients = LossGradients.IN_FORWARD) -> ChunkLoss:
+    """The chunking ``chunk_loss=None`` picks for a budget: a chunk's logits at 1/16 of the
+    budget, between 64 KiB and the default 16 MiB."""
+    return ChunkLoss(min(DEFAULT_CHUNK_BYTES, max(MIN_CHUNK_BYTES, budget_bytes // BUDGET_SHARE)), gradients)
 
 
 def as_chunk_loss(chunk_loss: "bool | ChunkLoss | None") -> ChunkLoss | None:
@@ -140,32 +188,48 @@ def chunk_losses(gm: fx.GraphModule, config: ChunkLoss) -> list[ChunkedRegion]:
     return regions
 
 
-def chunking_flops(gm: fx.GraphModule) -> int:
-    """The FLOPs chunking ``gm``'s losses would add (one more head matmul, 2·T·H·V, per loss
-    ``chunk_losses`` would rewrite); 0 when it would rewrite nothing. Nothing is changed."""
+def copied(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of Dynamo's graph module that ``chunk_losses`` can rewrite: new nodes (their
+    metadata and the attributes Dynamo sets on them, such as ``_dynamo_source``, shared), the
+    same submodules, Dynamo's attributes and ``meta``."""
+    copy = fx.GraphModule(gm, _copy.deepcopy(gm.graph))
+    for old, new in zip(gm.graph.nodes, copy.graph.nodes):
+        for name, value in vars(old).items():
+            setattr(new, name, value)
+    for name, value in vars(gm).items():
+        if name not in vars(copy):
+            setattr(copy, name, value)
+    copy.meta = dict(gm.meta)
+    return copy
+
+
+def chunkable(gm: fx.GraphModule) -> bool:
+    """Whether ``chunk_losses`` would rewrite any loss of ``gm``. Nothing is changed."""
     if any(node.target in _AUTOCAST for node in gm.graph.nodes):
-        return 0
-    total = 0
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target is F.cross_entropy and (match := _match(node)) is not None:
-            tokens, (vocab, hidden) = _val(match.arguments["input"]).shape[0], _val(match.linear.args[1]).shape
-            total += 2 * int(tokens) * int(hidden) * int(vocab)
-    return total
+        return False
+    return any(node.op == "call_function" and node.target is F.cross_entropy and _match(node) is not None
+               for node in gm.graph.nodes)
 
 
 def would_split(gm: fx.GraphModule, config: ChunkLoss) -> bool:
     """Whether chunking ``gm``'s losses with ``config`` cuts any into more than one chunk. One
-    chunk lowers no peak (the whole logits exist at once, in the op) and adds the head's matmul
-    and the op's working set, so the automatic rule never chunks then. Nothing is changed."""
+    chunk lowers no peak (the whole logits exist at once, in the op) and adds the op's working
+    set, so the automatic rule never chunks then. Nothing is changed."""
+    return any(region.chunks > 1 for region in _regions(gm, config))
+
+
+def chunking_extra_flops(gm: fx.GraphModule, config: ChunkLoss) -> int:
+    """The FLOPs chunking ``gm``'s losses with ``config`` adds (``ChunkedRegion.extra_flops``:
+    the head's matmul again for each loss whose gradients are recomputed). Nothing is changed."""
+    return sum(region.extra_flops for region in _regions(gm, config))
+
+
+def _regions(gm: fx.GraphModule, config: ChunkLoss) -> list[ChunkedRegion]:
     if any(node.target in _AUTOCAST for node in gm.graph.nodes):
-        return False
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target is F.cross_entropy and (match := _match(node)) is not None:
-            hidden, logits = _val(match.linear.args[0]), _val(match.arguments["input"])
-            row_bytes = int(logits.shape[-1]) * torch.empty((), dtype=chain_dtype(match.chain, hidden.dtype)).element_size()
-            if config.chunk_bytes // row_bytes < int(logits.shape[0]):
-                return True
-    return False
+        return []
+    planned = (_planned(node, config) for node in gm.graph.nodes
+               if node.op == "call_function" and node.target is F.cross_entropy)
+    return [p.region for p in planned if p is not None]
 
 
 def worth_chunking(whole_recompute_flops: int, chunked_recompute_flops: int, extra_flops: int) -> bool:
@@ -274,36 +338,77 @@ def _skip(ce: fx.Node, why: str) -> None:
     return None
 
 
-def _chunk_one(graph: fx.Graph, ce: fx.Node, config: ChunkLoss) -> ChunkedRegion | None:
+@dataclass(frozen=True)
+class _Planned:
+    """How ``chunk_losses`` would rewrite one matched loss."""
+
+    match: _Match
+    region: ChunkedRegion
+    grads: tuple[bool, bool]  # (the hidden states', the head's) gradients, computed in forward
+
+
+def _planned(ce: fx.Node, config: ChunkLoss) -> _Planned | None:
     match = _match(ce)
     if match is None:
         return None
     linear, arguments = match.linear, match.arguments
-    hidden, weight = linear.args[0], linear.args[1]
-    bias = linear.args[2] if len(linear.args) > 2 else linear.kwargs.get("bias")
-    hidden_val, weight_val, logits_val = _val(hidden), _val(weight), _val(arguments["input"])
-    tokens, vocab = int(logits_val.shape[0]), int(weight_val.shape[0])
-    if not isinstance(hidden_val, torch.Tensor) or hidden_val.numel() != tokens * int(weight_val.shape[1]):
+    hidden_val, weight_val, logits_val = _val(linear.args[0]), _val(linear.args[1]), _val(arguments["input"])
+    tokens, (vocab, width) = int(logits_val.shape[0]), (int(d) for d in weight_val.shape)
+    if not isinstance(hidden_val, torch.Tensor) or hidden_val.numel() != tokens * width:
         return _skip(ce, "the head's input does not hold one row per target")
-    dtype = chain_dtype(match.chain, hidden_val.dtype)
-    row_bytes = vocab * torch.empty((), dtype=dtype).element_size()
+    row_bytes = vocab * torch.empty((), dtype=chain_dtype(match.chain, hidden_val.dtype)).element_size()
     rows = max(1, min(tokens, config.chunk_bytes // row_bytes))
+    bias_val = _val(_bias(linear))
+    grads = _gradients_needed(hidden_val, weight_val, bias_val)
+    in_forward = config.gradients is LossGradients.IN_FORWARD and arguments["reduction"] != "none" and any(grads)
+    held = 0
+    if in_forward:
+        head = [t for t in (weight_val, bias_val) if isinstance(t, torch.Tensor)] if grads[1] else []
+        held = sum(int(t.numel()) * t.element_size() for t in ([hidden_val] if grads[0] else []) + head)
+    region = ChunkedRegion(tokens, width, vocab, rows, tokens * row_bytes, match.chain, arguments["reduction"],
+                           LossGradients.IN_FORWARD if in_forward else LossGradients.RECOMPUTED, held)
+    return _Planned(match, region, grads)
+
+
+def _bias(linear: fx.Node) -> Any:
+    return linear.args[2] if len(linear.args) > 2 else linear.kwargs.get("bias")
+
+
+def _chunk_one(graph: fx.Graph, ce: fx.Node, config: ChunkLoss) -> ChunkedRegion | None:
+    planned = _planned(ce, config)
+    if planned is None:
+        return None
+    match, region = planned.match, planned.region
+    linear, arguments = match.linear, match.arguments
+    hidden, weight, bias = linear.args[0], linear.args[1], _bias(linear)
+    settings = (arguments["target"], arguments["weight"], match.chain, int(arguments["ignore_index"]),
+                float(arguments["label_smoothing"]), arguments["reduction"], region.chunk_rows)
+    in_forward = region.gradients is LossGradients.IN_FORWARD
     with graph.inserting_before(ce):
-        flat = graph.call_function(torch.reshape, (hidden, (tokens, int(weight_val.shape[1]))))
-        loss = graph.call_function(
-            torch.ops.remat_pass.chunked_linear_cross_entropy.default,
-            (flat, weight, bias, arguments["target"], arguments["weight"], match.chain, int(arguments["ignore_index"]),
-             float(arguments["label_smoothing"]), arguments["reduction"], rows))
+        flat = graph.call_function(torch.reshape, (hidden, (region.tokens, region.hidden)))
+        if in_forward:
+            fused = graph.call_function(torch.ops.remat_pass.chunked_linear_cross_entropy_with_gradients.default,
+                                        (flat, weight, bias, *settings, *planned.grads))
+            loss = graph.call_function(operator.getitem, (fused, 0))
+        else:
+            loss = graph.call_function(torch.ops.remat_pass.chunked_linear_cross_entropy.default,
+                                       (flat, weight, bias, *settings))
     loss.meta.update({k: v for k, v in ce.meta.items() if k != "example_value"})
     ce.replace_all_uses_with(loss)
     for node in (ce, *match.chain_nodes, linear):
         graph.erase_node(node)
-    region = ChunkedRegion(tokens, int(weight_val.shape[1]), vocab, rows, tokens * row_bytes, match.chain,
-                           arguments["reduction"])
-    logger.info("chunked the loss: %d tokens x %d vocabulary in %d chunks of %d rows", tokens, vocab,
-                region.chunks, rows)
+    logger.info("chunked the loss: %d tokens x %d vocabulary in %d chunks of %d rows, gradients %s", region.tokens,
+                region.vocab, region.chunks, region.chunk_rows,
+                "computed with the loss" if in_forward else "recomputed in backward")
     return region
 
 
-__all__ = ["ChunkLoss", "ChunkedRegion", "DEFAULT_CHUNK_BYTES", "as_chunk_loss", "chunk_for_budget", "chunk_losses",
-           "chunked_regions", "chunking_flops", "describe", "worth_chunking", "would_split"]
+def _gradients_needed(hidden: torch.Tensor, weight: torch.Tensor, bias: Any) -> tuple[bool, bool]:
+    """(the hidden states', the head's) gradients: what autograd will ask the loss for, read from
+    Dynamo's example values (a frozen head, or a loss traced under ``no_grad``, needs none)."""
+    head = weight.requires_grad or (isinstance(bias, torch.Tensor) and bias.requires_grad)
+    return bool(hidden.requires_grad), bool(head)
+
+
+__all__ = ["ChunkLoss", "ChunkedRegion", "DEFAULT_CHUNK_BYTES", "LossGradients", "as_chunk_loss", "chunk_for_budget",
+           "chunk_losses", "chunkable", "chunked_regions", "chunking_extra_flops", "copied", "describe", "worth_chunking", "would_split"]

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, TypeVar
 
 import torch
@@ -39,7 +38,7 @@ from .budget import parse_budget
 from ..compat import fake_tensor_mode, is_fake
 from ..annotate.costs import CostModel, DeviceProfile, parse_costs
 from ..capture.inputs import call_inputs
-from ..capture.loss_chunking import ChunkLoss, as_chunk_loss, chunk_for_budget, worth_chunking
+from ..capture.loss_chunking import ChunkLoss, as_chunk_loss
 from ..rewrite.offload import check_offload_options, parse_host_budget
 from ..runtime.plan_cache import as_plan_cache
 from .pipeline import (
@@ -49,10 +48,10 @@ from .pipeline import (
     PlanOptions,
     TracedStep,
     plan_problem,
-    pinned_budget,
     planning_effort,
     resolve_budget_kind,
 )
+from .loss_choice import Pin, choose_loss
 from .repeated_blocks import trace_repeated
 from .trace_key import before_tracing
 from ..tools.report import PlanReport, block_depth
@@ -104,11 +103,12 @@ def plan(
     ``offload=True`` also lets saved values go to host memory (``optimize``'s option).
     ``time_limit`` and ``prove`` as for ``optimize``: by default 5 s of planning and no proof work;
     ``plan_cache`` too (by default ``~/.cache/remat_pass/plans``; ``False`` for none).
-    ``chunk_loss`` as for ``optimize``: by default the loss is chunked only when the budget cannot
-    be met otherwise (``plan_or_chunk``). A repeated call is answered from the plan cache before
-    tracing, from a key over the model's structure, code, attributes and inputs and the global state
-    a trace reads (``planning.trace_key``, which lists what that key cannot see, such as a module-level
-    flag a forward reads); ``pretrace_key=False`` always traces (the cache then skips the solve only).
+    ``chunk_loss`` as for ``optimize``: by default the loss is chunked when the budget cannot be
+    met whole, or is met whole only with more work (``loss_choice.choose_loss``). A repeated call
+    is answered from the plan cache before tracing, from a key over the model's structure, code,
+    attributes and inputs and the global state a trace reads (``planning.trace_key``, which lists
+    what that key cannot see, such as a module-level flag a forward reads); ``pretrace_key=False``
+    always traces (the cache then skips the solve only).
 
     Raises BudgetInfeasibleError (with the smallest feasible budget) when nothing fits.
     """
@@ -179,49 +179,25 @@ def plan_with_report(
 def plan_or_chunk(trace: Callable[[ChunkLoss | None], TracedStep], chunk_loss: Any,
                   plan_traced: Callable[[TracedStep, Pin | None], T], plan_of: Callable[[T], Plan] = lambda p: p,
                   ) -> tuple[TracedStep, T]:
-    """Trace and plan the step. With ``chunk_loss=None``, the training backend's rule, so that
-    ``plan`` and ``explain`` say what ``optimize`` does: when the budget cannot be met with the
-    loss whole and chunking would cut the loss into several chunks, trace it again with the loss
-    chunked and plan that; when it is met whole with recompute, plan the chunked step too and keep
-    the cheaper (``worth_chunking``). ``plan_traced(traced, pin)`` plans one traced step, the
-    budget pinned to ``pin`` (the bytes it meant for the whole step: a fraction is of the step as
-    written) when given. ``plan_of`` reads the ``Plan`` from what ``plan_traced`` returns."""
+    """Trace and plan the step. With ``chunk_loss=None``, by the training backend's rule
+    (``loss_choice.choose_loss``), so that ``plan`` and ``explain`` say what ``optimize`` does:
+    a chunked candidate is a second trace of the step, the loss chunked. ``plan_traced(traced,
+    pin)`` plans one traced step, the budget pinned to ``pin`` when given; ``plan_of`` reads the
+    ``Plan`` from what ``plan_traced`` returns."""
     traced = trace(as_chunk_loss(chunk_loss))
-    try:
-        whole = plan_traced(traced, None)
-    except solvers.BudgetInfeasibleError as error:
-        if chunk_loss is not None or not _may_have_a_loss(traced):
-            raise
-        chunked = trace(chunk_for_budget(error.budget_bytes))
-        if not _splits(chunked):
-            raise
-        logger.info("the budget cannot be met with the loss whole (%s); planned with the loss chunked", error)
-        return chunked, plan_traced(chunked, Pin(error.budget_bytes, error.kind))
-    plan = plan_of(whole)
-    if chunk_loss is not None or plan.budget_bytes is None or not plan.recompute_flops or not _may_have_a_loss(traced):
-        return traced, whole
-    chunked = trace(chunk_for_budget(plan.budget_bytes))
-    extra = sum(region.extra_flops for region in chunked.chunked)
-    if not extra or not _splits(chunked) or plan.recompute_flops <= extra:
-        return traced, whole
-    try:
-        cheaper = plan_traced(chunked, Pin(plan.budget_bytes, plan.budget_kind))
-    except solvers.BudgetInfeasibleError:
-        return traced, whole
-    if worth_chunking(plan.recompute_flops, plan_of(cheaper).recompute_flops, extra):
-        return chunked, cheaper
-    return traced, whole
+    if chunk_loss is not None:
+        return traced, plan_traced(traced, None)
 
+    def attempt(chunking: ChunkLoss | None, pin: Pin | None) -> tuple[TracedStep, T] | None:
+        if chunking is None:
+            return traced, plan_traced(traced, None)
+        if not _may_have_a_loss(traced):  # nothing to chunk: do not pay a second capture to find out
+            return None
+        chunked = trace(chunking)
+        return (chunked, plan_traced(chunked, pin)) if _splits(chunked) else None
 
-@dataclass(frozen=True)
-class Pin:
-    """A budget fixed in bytes of a kind: what the user's budget meant for the step as written."""
-
-    budget_bytes: int
-    kind: str
-
-    def applied_to(self, options: PlanOptions) -> PlanOptions:
-        return pinned_budget(options, self.budget_bytes, self.kind)
+    return choose_loss(attempt, lambda made: plan_of(made[1]),
+                       lambda made: sum(region.extra_flops for region in made[0].chunked))
 
 
 def _may_have_a_loss(traced: TracedStep) -> bool:

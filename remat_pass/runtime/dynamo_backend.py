@@ -31,7 +31,6 @@ variables"), at each compile:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import threading
@@ -47,8 +46,9 @@ from remat_pass.solvers.problem import Plan
 from ..planning.budget import Budget, parse_budget
 from ..annotate.attribution import module_path
 from ..capture.capture import INNER_COMPILERS, JointGraph, make_dynamo_backend
-from ..capture.loss_chunking import (ChunkLoss, as_chunk_loss, chunk_for_budget, chunking_flops, worth_chunking,
-                                     would_split)
+from ..capture.loss_chunking import (ChunkLoss, LossGradients, as_chunk_loss, chunk_for_budget, chunkable,
+                                     chunking_extra_flops, would_split)
+from ..planning.loss_choice import Pin, choose_loss
 from ..compat import backward_compiled_with_forward, has_custom_partitioner
 from ..annotate.costs import CostModel, DeviceProfile, parse_costs
 from ..rewrite.offload import check_offload_options, parse_host_budget
@@ -64,7 +64,6 @@ from ..planning.pipeline import (
     PlanOptions,
     describe_piece,
     plan_joint_graph,
-    pinned_budget,
     planning_effort,
     resolve_budget_kind,
 )
@@ -118,12 +117,13 @@ class RematBackend:
     proof work (``pipeline.planning_effort``: by default 5 s and none, as for ``optimize``).
 
     ``chunk_loss``: compute a language-model loss (linear head, row-wise chain, cross-entropy)
-    in chunks of tokens, recomputing each chunk's logits in backward (``capture.loss_chunking``):
-    True always, a ``ChunkLoss`` to set the chunk's bytes, False never; None (default) where the
-    budget cannot be met with the loss whole, or is met whole only with more recompute than
-    chunking costs and the chunked plan is cheaper (both are planned then, and ``on_plan`` sees
-    both); a step that fits without recompute is never changed. Not yet under the Inductor fit
-    (``inner="inductor"`` with a peak budget): there None means never; pass True or a ``ChunkLoss``.
+    in chunks of tokens, its gradients computed with it in forward (or recomputed in backward:
+    ``capture.loss_chunking.LossGradients``): True always, a ``ChunkLoss`` to set the chunk's
+    bytes and the gradients, False never; None (default) by ``planning.loss_choice``'s rule:
+    where the budget cannot be met with the loss whole, or is met whole only with more work than
+    chunked (the candidates are all planned then, and ``on_plan`` sees each); a step that fits
+    without recompute is never changed. Under the Inductor fit (``inner="inductor"`` with a
+    peak budget) None chunks only where the whole loss cannot be fitted to the budget.
     """
 
     def __init__(
@@ -177,13 +177,20 @@ class RematBackend:
         self._eager_fallback = (make_dynamo_backend(self._partition, "eager", chunking)
                                 if self.fits_compiled_peak and not inner_chosen else None)
         self._fitting = threading.local()  # .asked, .seen, .made: one fitting attempt on this thread
+        self._choosing = threading.local()  # .pin, .strict: a candidate of the loss's chunking, this thread
 
     def _options_now(self) -> PlanOptions:
-        """The options of this plan: a fitting attempt's own peak budget (``inductor_fit``), or the user's."""
+        """The options of this plan: a fitting attempt's own peak budget (``inductor_fit``), a
+        candidate of the loss's chunking (strict, its budget pinned: ``loss_choice``), or the user's."""
+        options = self.options
+        if getattr(self._choosing, "strict", False):
+            options = replace(options, on_infeasible=OnInfeasible.RAISE)
+        if (pin := getattr(self._choosing, "pin", None)) is not None:
+            options = pin.applied_to(options)
         asked = getattr(self._fitting, "asked", None)
         if getattr(self._fitting, "seen", None) is None:
-            return self.options
-        fitted = replace(self.options, on_infeasible=OnInfeasible.RAISE)
+            return options
+        fitted = replace(options, on_infeasible=OnInfeasible.RAISE)
         return fitted if asked is None else replace(fitted, budget=Budget(nbytes=asked), budget_kind=BudgetKind.PEAK)
 
     def _partition(self, joint: JointGraph) -> tuple[fx.GraphModule, fx.GraphModule]:
@@ -212,81 +219,94 @@ class RematBackend:
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
         with phase(f"capturing and planning graph {len(self.plans) + 1}",
                    f"captured and planned graph {len(self.plans) + 1}"):
-            if self.fits_compiled_peak:  # the automatic chunking is not tried under the Inductor fit
+            if self.fits_compiled_peak:
                 return self._compile_fitted(gm, example_inputs)
-            extra_flops = chunking_flops(gm) if self._chunk_when_infeasible else 0
-            if not extra_flops:
+            if not (self._chunk_when_infeasible and chunkable(gm)):
                 return self._compile(gm, example_inputs)
-            return self._whole_or_chunked(gm, example_inputs, extra_flops)
+            return self._whole_or_chunked(gm, example_inputs, self.inner)
 
-    def _whole_or_chunked(self, gm: fx.GraphModule, example_inputs: list[Any], extra_flops: int) -> Any:
-        """``chunk_loss=None``: plan the graph as it is (without clamping). If the budget cannot be
-        met so, chunk the loss (``capture.loss_chunking``) and plan as the options say. If it is
-        met with more recompute than chunking's extra head matmul, plan the chunked graph too and
-        keep the cheaper (``worth_chunking``); the other's plan is dropped from ``plans``."""
-        options = self.options
-        self.options = dataclasses.replace(options, on_infeasible=OnInfeasible.RAISE)
-        try:
-            whole = self._compile(gm, example_inputs)
-        except solvers.BudgetInfeasibleError as error:
-            chunking = chunk_for_budget(error.budget_bytes)
-            if not would_split(gm, chunking):  # one chunk would lower nothing: refuse or clamp, as asked
-                self.options = options
-                return self._compile(gm, example_inputs)
-            logger.info("the budget cannot be met with the loss whole (%s); chunking the loss", error)
-            self.options = pinned_budget(options, error.budget_bytes, error.kind)
-            try:
-                return make_dynamo_backend(self._partition, self.inner, chunking)(gm, example_inputs)
-            finally:
-                self.options = options
-        try:
-            plan = self.plans[-1]
-            if plan.budget_bytes is None or plan.recompute_flops <= extra_flops:
-                return whole
-            chunking = chunk_for_budget(plan.budget_bytes)
-            if not would_split(gm, chunking):
-                return whole
-            # The whole loss's compiled step no longer reads gm, which the chunking now rewrites.
-            self.options = pinned_budget(self.options, plan.budget_bytes, plan.budget_kind)
-            try:
-                chunked = make_dynamo_backend(self._partition, self.inner, chunking)(gm, example_inputs)
-            except solvers.BudgetInfeasibleError:
-                return whole
-            chunked_plan = self.plans[-1]
-            keep_chunked = worth_chunking(plan.recompute_flops, chunked_plan.recompute_flops, extra_flops)
-            logger.info("loss whole: %d recompute FLOPs; chunked: %d + %d for the head: keeping the %s loss",
-                        plan.recompute_flops, chunked_plan.recompute_flops, extra_flops,
-                        "chunked" if keep_chunked else "whole")
+    def _whole_or_chunked(self, gm: fx.GraphModule, example_inputs: list[Any], inner: str) -> Any:
+        """``chunk_loss=None``: the loss whole or chunked, by ``loss_choice.choose_loss``, each
+        candidate compiled (and planned) strictly; the ones not kept are dropped from ``plans``.
+        When none fits and the options say "clamp", the lowest-floor candidate is clamped."""
+        def attempt(chunking: ChunkLoss | None, pin: Pin | None) -> tuple[Any, Plan, int] | None:
+            if chunking is not None and not would_split(gm, chunking):
+                return None
+            compiled = self._compile_candidate(gm, example_inputs, inner, chunking, pin, strict=True)
+            return compiled, self.plans[-1], 0 if chunking is None else chunking_extra_flops(gm, chunking)
+
+        def discard(made: tuple[Any, Plan, int]) -> None:
             with self._lock:
-                self.plans.remove(plan if keep_chunked else chunked_plan)
-            return chunked if keep_chunked else whole
+                self.plans.remove(made[1])
+
+        try:
+            return choose_loss(attempt, lambda made: made[1], lambda made: made[2], discard)[0]
+        except solvers.BudgetInfeasibleError as error:
+            if OnInfeasible(self.options.on_infeasible) is not OnInfeasible.CLAMP:
+                raise
+            lowest = chunk_for_budget(error.budget_bytes, LossGradients.RECOMPUTED)
+            if not would_split(gm, lowest):
+                return self._compile_candidate(gm, example_inputs, inner, None, None, strict=False)
+            return self._compile_candidate(gm, example_inputs, inner, lowest, Pin(error.budget_bytes, error.kind),
+                                           strict=False)
+
+    def _compile_candidate(self, gm: fx.GraphModule, example_inputs: list[Any], inner: str,
+                           chunking: ChunkLoss | None, pin: Pin | None, *, strict: bool) -> Any:
+        """``gm`` compiled by ``inner`` with its loss whole or chunked, planned under ``pin`` (else
+        the user's budget), refused rather than clamped when ``strict``."""
+        compile_ = make_dynamo_backend(self._partition, inner, chunking)
+        self._choosing.pin, self._choosing.strict = pin, strict
+        try:
+            return compile_(gm, example_inputs)
         finally:
-            self.options = options
+            self._choosing.pin, self._choosing.strict = None, False
 
     def _compile_fitted(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
-        """Compile with Inductor at the plan whose compiled step's measured peak fits the budget."""
+        """Compile with Inductor at the plan whose compiled step's measured peak fits the budget.
+        With ``chunk_loss=None``, a budget the whole loss cannot be fitted to is fitted with the
+        loss chunked (its gradients in forward); the eager fallback then chooses by the rule."""
+        auto_chunking = self._chunk_when_infeasible and chunkable(gm)
+        clamp = OnInfeasible(self.options.on_infeasible) is OnInfeasible.CLAMP and self._eager_fallback is None
+        try:
+            return self._fit(gm, example_inputs, self._compile, clamp=clamp and not auto_chunking)
+        except _Unplanned as nothing:
+            return nothing.compiled
+        except solvers.BudgetInfeasibleError as error:
+            refused = error
+        chunking = chunk_for_budget(refused.budget_bytes)
+        if auto_chunking and would_split(gm, chunking):
+            logger.info("no plan of the whole loss compiled by Inductor fits (%s); fitting the loss chunked", refused)
+            self._choosing.pin = Pin(refused.budget_bytes, refused.kind)
+            try:
+                return self._fit(gm, example_inputs, make_dynamo_backend(self._partition, "inductor", chunking),
+                                 clamp=clamp)
+            except solvers.BudgetInfeasibleError as error:
+                refused = min((refused, error), key=lambda e: e.min_bytes)
+            finally:
+                self._choosing.pin = None
+        if self._eager_fallback is None:
+            raise refused
+        logger.warning("no plan compiled by Inductor measured within the peak budget (%s); running this graph "
+                       "with inner='eager', whose peak the planner models exactly", refused.args[0])
+        if auto_chunking:
+            return self._whole_or_chunked(gm, example_inputs, "eager")
+        return self._eager_fallback(gm, example_inputs)
+
+    def _fit(self, gm: fx.GraphModule, example_inputs: list[Any], compile_: Callable[..., Any], *,
+             clamp: bool) -> Any:
+        """``inductor_fit.fit_peak`` over ``compile_``'s candidates; the chosen plan recorded."""
         def compile_at(asked: int | None, seen: set[tuple[frozenset[int], ...]]) -> tuple[Any, Plan]:
             self._fitting.asked, self._fitting.seen, self._fitting.made = asked, seen, []
             try:
                 with backward_compiled_with_forward():
-                    compiled = self._compile(gm, example_inputs)
+                    compiled = compile_(gm, example_inputs)
             finally:
                 made, self._fitting.seen = self._fitting.made, None
             if not made:  # no backward, so nothing planned: nothing to fit
                 raise _Unplanned(compiled)
             return compiled, made[-1]
 
-        clamp = OnInfeasible(self.options.on_infeasible) is OnInfeasible.CLAMP and self._eager_fallback is None
-        try:
-            chosen = fit_peak(compile_at, example_inputs, clamp=clamp)
-        except _Unplanned as nothing:
-            return nothing.compiled
-        except solvers.BudgetInfeasibleError as error:
-            if self._eager_fallback is None:
-                raise
-            logger.warning("no plan compiled by Inductor measured within the peak budget (%s); running this graph "
-                           "with inner='eager', whose peak the planner models exactly", error.args[0])
-            return self._eager_fallback(gm, example_inputs)
+        chosen = fit_peak(compile_at, example_inputs, clamp=clamp)
         self._record(chosen.plan)
         return chosen.compiled
 

@@ -97,6 +97,15 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 _SOLVER_HELP = "the planner (default %(default)s); --help lists them"
+_CHUNK_LOSS = ("auto", "on", "recomputed", "off")
+
+
+def _chunk_loss(choice: str) -> Any:
+    """``--chunk-loss`` as ``chunk_loss=``: None, a ``ChunkLoss`` or False."""
+    from remat_pass.capture.loss_chunking import ChunkLoss, LossGradients
+
+    return {"auto": None, "on": ChunkLoss(), "recomputed": ChunkLoss(gradients=LossGradients.RECOMPUTED),
+            "off": False}[choice]
 
 
 class _RegistryHelpFormatter(argparse.HelpFormatter):
@@ -148,6 +157,10 @@ def _add_explain_parser(subparsers: Any) -> None:
     sub.add_argument("--offload", action="store_true",
                      help="let the planner also send saved activations to host memory (needs a --device with a "
                      "host link: a100, h100, h200); modules that do are labelled 'offload'")
+    sub.add_argument("--chunk-loss", choices=_CHUNK_LOSS, default="auto",
+                     help="compute a language-model loss (linear head + cross_entropy) in chunks of tokens: auto "
+                     "(default: where the budget needs it or it saves work), on (its gradients computed in forward), "
+                     "recomputed (on, the logits recomputed in backward instead: the lowest peak), off")
     sub.add_argument("--json", action="store_true", help="print a machine-readable dict instead of the table")
     sub.add_argument("--plot", metavar="DIR", default=None,
                      help="also sweep budgets and write DIR/pareto.png (needs matplotlib)")
@@ -219,12 +232,8 @@ def _run_explain(args: argparse.Namespace) -> int:
     from remat_pass.planning.budget import parse_budget
     from remat_pass.annotate.costs import get_profile, parse_costs
     from remat_pass.errors import BudgetInfeasibleError, InvalidBudgetError, RematError
-    from remat_pass.tools.explain import explain_traced
+    from remat_pass.tools.explain import explain, explain_step
     from remat_pass.rewrite.offload import check_offload_options
-    from remat_pass.planning.repeated_blocks import trace_repeated
-    from remat_pass.planning.trace_key import before_tracing
-    from remat_pass.capture.inputs import call_inputs
-    from remat_pass.runtime.plan_cache import as_plan_cache
 
     logging.basicConfig(level=logging.WARNING)
     try:
@@ -250,22 +259,14 @@ def _run_explain(args: argparse.Namespace) -> int:
         options["plan_cache"] = from_text(args.plan_cache)
     try:
         with _stdout_to_stderr():
-            traced = None
-
-            def traced_and_explained() -> Any:
-                nonlocal traced
-                # A stack of identical blocks is traced 4 blocks deep and stamped, as explain() does.
-                traced = trace_repeated(model, inputs, loss_fn=loss_fn, device=args.device, costs=args.costs)
-                return explain_traced(traced, budget, args.solver, depth=args.depth, offload=args.offload, **options)
-
-            # A repeated command is answered before tracing, as explain() is (planning.trace_key),
-            # but for --plot, whose curve needs the traced step.
-            arguments = {"budget": budget, "solver": args.solver, "device": args.device, "depth": args.depth,
-                         "offload": args.offload, "costs": args.costs, "loss_fn": loss_fn,
-                         "options": {k: v for k, v in options.items() if k != "plan_cache"}}
-            cache = None if args.plot is not None else as_plan_cache(options.get("plan_cache", True))
-            explanation = before_tracing("cli explain", model, call_inputs(inputs), arguments, cache,
-                                         traced_and_explained)
+            # As explain() does: identical blocks traced once each and stamped, the loss's chunking chosen.
+            call = dict(depth=args.depth, costs=args.costs, offload=args.offload,
+                        chunk_loss=_chunk_loss(args.chunk_loss), **options)
+            if args.plot is None:  # a repeated command is answered before tracing (planning.trace_key)
+                explanation = explain(model, inputs, budget, args.solver, args.device, loss_fn=loss_fn, **call)
+            else:  # the plots' curve needs the traced step
+                traced, explanation = explain_step(model, inputs, budget, args.solver, args.device, loss_fn=loss_fn,
+                                                   **call)
     except BudgetInfeasibleError as e:
         if args.json:
             print(json.dumps({"error": "infeasible", "message": str(e), "budget_bytes": e.budget_bytes,

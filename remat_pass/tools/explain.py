@@ -30,7 +30,8 @@ from ..planning.trace_key import before_tracing
 from ..capture.inputs import call_inputs
 from ..runtime.plan_cache import as_plan_cache
 from ..capture.loss_chunking import ChunkLoss
-from ..planning.plan_model import Pin, plan_or_chunk
+from ..planning.loss_choice import Pin
+from ..planning.plan_model import plan_or_chunk
 from .report import PlanReport
 
 Explanation = PlanReport
@@ -85,10 +86,35 @@ def explain(
     ``optimize``; an impossible one raises BudgetInfeasibleError with the smallest feasible.
     ``solver`` is any name in ``solvers.SOLVERS``; ``device`` picks the cost model and ``costs``
     how it prices recompute ("roofline", "flops", "measure"). ``chunk_loss`` as for ``optimize``
-    (by default the loss is chunked only where the budget cannot be met otherwise; the report's
-    note then says so, with what it saved). A repeated call is answered from the plan cache
-    before tracing where ``pretrace_key`` (``plan``'s option; ``planning.trace_key``).
+    (by default the loss is chunked where the budget cannot be met whole, or is met whole only with
+    more work; the report's note then says so, with what it saved). A repeated call is answered
+    from the plan cache before tracing unless ``pretrace_key=False`` (``plan``'s option;
+    ``planning.trace_key`` says what that key cannot see).
     """
+    arguments = {"budget": parse_budget(budget), "solver": solver, "device": device, "loss_fn": loss_fn,
+                 "depth": depth, "costs": costs, "chunk_loss": chunk_loss,
+                 "solver_options": {k: v for k, v in solver_options.items() if k != "plan_cache"}}
+    cache = as_plan_cache(solver_options.get("plan_cache", True)) if pretrace_key else None
+    return before_tracing("explain", model, call_inputs(example_inputs), arguments, cache, lambda: explain_step(
+        model, example_inputs, budget, solver, device, loss_fn=loss_fn, depth=depth, costs=costs,
+        chunk_loss=chunk_loss, **solver_options)[1])
+
+
+def explain_step(
+    model: nn.Module,
+    example_inputs: Any,
+    budget: object,
+    solver: str = "ilp",
+    device: str | DeviceProfile = "auto",
+    *,
+    loss_fn: LossFn | None = None,
+    depth: int | None = None,
+    costs: str = CostModel.ROOFLINE,
+    chunk_loss: Any = None,
+    **solver_options: Any,
+) -> tuple[TracedStep, PlanReport]:
+    """``explain``, and the traced step its report is of (the loss chunked or not: the command
+    line plots from it)."""
     costs = parse_costs(costs)
 
     def trace(chunking: ChunkLoss | None) -> TracedStep:
@@ -100,9 +126,4 @@ def explain(
             return explain_traced(traced, budget, solver, depth=depth, **dict(solver_options))
         return explain_traced(traced, pin.budget_bytes, solver, depth=depth, **{**solver_options, "budget_kind": pin.kind})
 
-    arguments = {"budget": parse_budget(budget), "solver": solver, "device": device, "loss_fn": loss_fn,
-                 "depth": depth, "costs": costs, "chunk_loss": chunk_loss,
-                 "solver_options": {k: v for k, v in solver_options.items() if k != "plan_cache"}}
-    cache = as_plan_cache(solver_options.get("plan_cache", True)) if pretrace_key else None
-    return before_tracing("explain", model, call_inputs(example_inputs), arguments, cache,
-                          lambda: plan_or_chunk(trace, chunk_loss, report, lambda made: made.plan)[1])
+    return plan_or_chunk(trace, chunk_loss, report, lambda made: made.plan)
