@@ -213,3 +213,16 @@ def test_an_attribute_that_cannot_be_described_means_no_key_not_a_failure():
     model = _Block()
     model.opaque = Opaque()
     assert trace_key("plan", model, call_inputs((torch.randn(4, 8),)), {}) is None
+
+
+def test_a_changed_hugging_face_config_attribute_changes_the_key():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2)
+    with torch.device("meta"):
+        model = transformers.GPT2LMHeadModel(config)
+    ids = torch.zeros(1, 16, dtype=torch.long, device="meta")
+    before = trace_key("plan", model, call_inputs({"input_ids": ids}), {})
+    assert trace_key("plan", model, call_inputs({"input_ids": ids}), {}) == before
+    # Read at each call (which attention function runs), through the config each module holds.
+    model.config._attn_implementation = "eager" if model.config._attn_implementation != "eager" else "sdpa"
+    assert trace_key("plan", model, call_inputs({"input_ids": ids}), {}) != before
