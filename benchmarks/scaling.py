@@ -7,8 +7,10 @@ Run from the repository root::
     python -m benchmarks.scaling --llama405b
     python -m benchmarks.scaling --peak --layers 12,24,48
     python -m benchmarks.scaling --peak --layers 12,24,48 --peak-time-limit 0
+    python -m benchmarks.scaling --peak --layers 48 --peak-time-limit 0 --via-plan
     python -m benchmarks.scaling --first-call
     python -m benchmarks.scaling --one-call /tmp/plans    # twice: a cached re-plan in a new process
+    python -m benchmarks.scaling --plan-calls /tmp/plans  # plan() twice; again: in a new process
     python -m benchmarks.scaling --help
 
 Depth sweep: GPT-style decoders (``remat_pass.examples.GPT``: hidden 768, 12 heads, sequence 1024,
@@ -155,6 +157,42 @@ def run_peak(args: argparse.Namespace) -> list[dict[str, Any]]:
         rows.append(row)
         print(f"L={layers}: {row['recompute_over_per_block']:.3f} x per_block ({plan.status}, gap {plan.gap}) "
               f"in {row['plan_s']:.1f}s, peak {plan.predicted_peak_bytes} <= {budget}", flush=True)
+        if args.via_plan:
+            row["via_plan"] = _peak_via_plan(args, layers, budget, per_block.recompute_seconds)
+    return rows
+
+
+def _peak_via_plan(args: argparse.Namespace, layers: int, budget: int, per_block_seconds: float) -> list[dict[str, Any]]:
+    """``remat_pass.plan`` end to end on the same GPT and peak budget (the stack traced 3 and 4
+    blocks deep and stamped, ``planning.repeated_blocks``), with the loss kept whole and with the
+    default chunking rule, each then called again (answered before tracing, ``planning.trace_key``)."""
+    import tempfile
+
+    import remat_pass
+    from remat_pass.examples import GPT, GPTConfig
+    from remat_pass.planning.pipeline import with_headroom
+
+    config = GPTConfig(vocab_size=args.vocab, seq_len=args.seq, layers=layers, hidden=args.hidden, heads=args.heads,
+                       dropout=args.dropout)
+    with torch.device("meta"):
+        step = _LMStep(GPT(config))
+    tokens = torch.zeros(args.batch, args.seq, dtype=torch.long, device="meta")
+    rows = []
+    for chunk_loss in (False, None):
+        directory = tempfile.mkdtemp(prefix="remat_plans_")
+        for call in ("first", "again"):
+            torch._dynamo.reset()
+            began = time.perf_counter()
+            plan = remat_pass.plan(step, (tokens,), budget=with_headroom(budget), budget_kind="peak", solver="ilp_peak",
+                                   device=args.device, chunk_loss=chunk_loss, plan_cache=directory,
+                                   **({} if not args.peak_time_limit else {"time_limit": args.peak_time_limit}))
+            row = {"chunk_loss": chunk_loss, "call": call, "wall_s": time.perf_counter() - began,
+                   "solve_s": plan.solve_seconds, "status": plan.status, "gap": plan.gap,
+                   "recompute_over_per_block": _ratio(plan.recompute_seconds, per_block_seconds),
+                   "predicted_peak_bytes": plan.predicted_peak_bytes}
+            rows.append(row)
+            print(f"  plan(chunk_loss={chunk_loss}) {call}: {row['wall_s']:.1f}s (solve {plan.solve_seconds:.1f}s), "
+                  f"{row['recompute_over_per_block']:.3f} x per_block, {plan.status}, gap {plan.gap}", flush=True)
     return rows
 
 
@@ -215,13 +253,66 @@ def run_one_call(args: argparse.Namespace) -> dict[str, Any]:
 
     model, tokens, budget = _first_call_model()
     cache = PlanCache(args.one_call)
+    spent = _timed_phases() if args.phases else {}
     began = time.perf_counter()
     plan = remat_pass.optimize(model, budget, budget_kind="peak", example_inputs=(tokens,), plan_cache=cache).plan
     row = {"cache_hits": cache.hits, "first_call_s": time.perf_counter() - began, "status": plan.status,
-           "gap": plan.gap, "recompute_seconds": plan.recompute_seconds, "budget_bytes": budget}
+           "gap": plan.gap, "recompute_seconds": plan.recompute_seconds, "budget_bytes": budget, "phases_s": spent}
     print(f"one call: {row['first_call_s']:.1f}s, {cache.hits} hit(s), recompute {plan.recompute_seconds:.6g}s, "
-          f"{plan.status}, gap {plan.gap}", flush=True)
+          f"{plan.status}, gap {plan.gap}" + "".join(f", {k} {v:.3f}s" for k, v in spent.items()), flush=True)
     return row
+
+
+def run_plan_calls(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """``remat_pass.plan`` on ``--first-call``'s model and peak budget (device "cpu", solver
+    "ilp_peak": what ``optimize`` plans there) twice in this process, against the plan cache in
+    ``--plan-calls``'s directory: run the command twice for a re-plan in a new process. A repeated
+    call is answered before tracing (``planning.trace_key``)."""
+    import remat_pass
+    from remat_pass.runtime.plan_cache import PlanCache
+
+    model, tokens, budget = _first_call_model()
+    rows = []
+    for call in range(2):
+        cache = PlanCache(args.plan_calls)
+        began = time.perf_counter()
+        plan = remat_pass.plan(model, (tokens,), budget=budget, budget_kind="peak", device="cpu", solver="ilp_peak",
+                               plan_cache=cache)
+        rows.append({"call": call, "seconds": time.perf_counter() - began, "cache_hits": cache.hits,
+                     "recompute_seconds": plan.recompute_seconds, "status": plan.status, "gap": plan.gap})
+        print(f"plan() call {call}: {rows[-1]['seconds']:.3f}s, {cache.hits} hit(s), recompute "
+              f"{plan.recompute_seconds:.6g}s, {plan.status}, gap {plan.gap}", flush=True)
+    return rows
+
+
+def _timed_phases() -> dict[str, float]:
+    """Wall seconds per stage of remat_pass's own part of a call (``pipeline``'s annotate,
+    plan_problem, rewrite, simulate and plan_joint_graph around them; the plan cache's key
+    digest), filled in as the call runs; the rest of the call is Dynamo, AOTAutograd and the step."""
+    import functools
+
+    from remat_pass.planning import pipeline
+    from remat_pass.runtime import plan_cache
+
+    spent: dict[str, float] = defaultdict(float)
+
+    def timed(module: Any, name: str) -> None:
+        original = getattr(module, name)
+
+        @functools.wraps(original)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            began = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                spent[name] += time.perf_counter() - began
+
+        setattr(module, name, wrapper)
+
+    for name in ("annotate", "plan_problem", "rewrite", "simulate", "plan_joint_graph"):
+        timed(pipeline, name)
+    timed(plan_cache, "problem_digest")
+    return spent
 
 
 def _ratio(part: float, whole: float) -> float | None:
@@ -453,12 +544,17 @@ def parser() -> argparse.ArgumentParser:
                    help="the peak planner at per-block checkpointing's simulated peak, per depth, instead of the sweep")
     p.add_argument("--peak-time-limit", type=float, default=60.0,
                    help="0: optimize's default (5 s, no proof work: pipeline.planning_effort)")
+    p.add_argument("--via-plan", action="store_true",
+                   help="with --peak: also remat_pass.plan() end to end (stacks stamped), then again (cached)")
     p.add_argument("--first-call", action="store_true",
                    help="the first call of optimize on a 12-layer HF GPT-2 under a peak budget, end to end")
     p.add_argument("--first-call-limits", type=_floats, default=[60.0],
                    help="explicit time limits to compare with the default (default 60)")
     p.add_argument("--one-call", type=Path, default=None, metavar="CACHE_DIR",
                    help="one first call of optimize (--first-call's model) against the plan cache in CACHE_DIR")
+    p.add_argument("--plan-calls", type=Path, default=None, metavar="CACHE_DIR",
+                   help="remat_pass.plan() on --first-call's model twice, against the plan cache in CACHE_DIR")
+    p.add_argument("--phases", action="store_true", help="with --one-call: time remat_pass's own stages of the call")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return p
 
@@ -482,6 +578,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.one_call is not None:
         run_one_call(args)
+        return
+    if args.plan_calls is not None:
+        run_plan_calls(args)
         return
     if args.first_call:
         rows = run_first_call(args)

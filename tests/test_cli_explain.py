@@ -163,3 +163,27 @@ def test_prove_and_plan_cache_reach_the_planner(capsys, monkeypatch, tmp_path):
     assert seen == [{"time_limit": None, "prove": True, "plan_cache": str(tmp_path)},
                     {"time_limit": 7.0, "prove": None, "plan_cache": False}]
     assert len(list(tmp_path.glob("*.json"))) == 1
+
+
+def test_a_repeated_command_is_answered_before_tracing(capsys, monkeypatch, tmp_path):
+    """The same ``explain`` command against the same ``--plan-cache`` does not trace again
+    (``planning.trace_key``) and prints the same numbers; ``--plot`` still traces (its curve needs the step)."""
+    import remat_pass.tools.explain as explain_module
+
+    monkeypatch.chdir(ROOT)
+    traces = []
+    original = explain_module.trace_repeated
+
+    def counting(*args, **kwargs):
+        traces.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(explain_module, "trace_repeated", counting)
+    command = ["explain", f"{FACTORY}:factory_with_loss", "--budget", "0.3", "--json", "--plan-cache", str(tmp_path)]
+    outputs = []
+    for _ in range(2):
+        assert main(command) == 0
+        outputs.append(json.loads(capsys.readouterr().out))
+    assert len(traces) == 1 and outputs[0] == outputs[1] and outputs[0]["pieces"] == 1
+    assert main([*command, "--plot", str(tmp_path / "plots")]) == 0
+    assert len(traces) == 2

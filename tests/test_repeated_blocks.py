@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 import remat_pass
+from benchmarks.models import LossOf, hf_model
 from benchmarks.scaling import HFStep
 from remat_pass import solvers
 from remat_pass.examples import GPT, GPTConfig
@@ -62,6 +63,22 @@ def test_the_stamped_problem_is_the_traced_one(both):
     assert stamped.step_flops == full.step_flops
     assert [v.name for v in stamped.problem.values if v.available] == [v.name for v in full.problem.values
                                                                        if v.available]
+
+
+def test_real_tensor_constants_numbered_graph_wide_still_stamp():
+    """HF GPT-2's eager attention makes its mask value from Python: on real tensors AOTAutograd
+    lifts it into the graph as ``_tensor_constant<n>``, numbered graph-wide like the primals; the
+    stamp numbers them in the same order (it was refused, and the model traced whole)."""
+    pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    model = LossOf(hf_model("gpt2", LAYERS, 64, 32, 128), torch.randint(0, 128, (1, 32))).train()  # eager attention
+    inputs = (torch.randint(0, 128, (1, 32)),)
+    full, stamped = (trace(model, inputs, loss_fn=_output, device="cpu") for trace in (trace_step, trace_repeated))
+    assert not stamped.annotated, "traced whole, not stamped"
+    constants = [v.op for v in full.problem.values if v.op.startswith("_tensor_constant")]
+    assert len(constants) >= 2 * LAYERS
+    assert [v.op for v in stamped.problem.values if v.op.startswith("_tensor_constant")] == constants
+    assert without_names(stamped.problem) == without_names(full.problem)
 
 
 @pytest.mark.parametrize("solver, fraction", [("fast", 0.3), ("ilp", 0.2), ("per_block", None)])

@@ -30,6 +30,9 @@ from typing import Iterator, Sequence
 from remat_pass.solvers.problem import Problem, Value
 
 _PRIMALS = "primals_"
+# A real tensor a forward makes from Python (HF GPT-2's eager attention: the mask value) is lifted
+# into the graph as ``_tensor_constant0, 1, ...``, numbered in graph order like the primals.
+_CONSTANTS = "_tensor_constant"
 Slot = tuple[int, int, int]  # (group of runs, block, position in the block's run)
 
 
@@ -186,7 +189,7 @@ def stamp_problem(problem: Problem, labels: BlockLabels, traced: int, depth: int
         values.append(dataclasses.replace(
             value, id=ident, inputs=tuple(resolve(i, label, block) for i in value.inputs), storage=storage,
             name=value.name if block == label else f"{value.name}.L{block}", module=stamper.module(value.module, block)))
-    values = _renumber_primals(problem.values, values)
+    values = _renumber(problem.values, _renumber(problem.values, values, _PRIMALS, 1), _CONSTANTS, 0)
     origin = {ident: old for (old, _), ident in new_id.items()}
     steps = [dataclasses.replace(step, reads=tuple(sorted(resolve(r, label, block) for r in step.reads)))
              for old, label, block in _emission(sruns, stamper, descending=True)
@@ -208,17 +211,18 @@ def _check_template_runs(runs: _Runs, stamper: _Stamper) -> None:
             raise StampRefused(f"block {label}'s run ({length}) and block {label - 1}'s differ in length")
 
 
-def _renumber_primals(traced: Sequence[Value], stamped: list[Value]) -> list[Value]:
-    """AOTAutograd's inputs are ``primals_1, primals_2, ...`` in graph order (name and op): number
-    the stamped ones the same way, where the traced ones are."""
-    primals = [v for v in traced if v.available and v.op.startswith(_PRIMALS)]
-    if [v.op for v in primals] != [f"{_PRIMALS}{i}" for i in range(1, len(primals) + 1)]:
+def _renumber(traced: Sequence[Value], stamped: list[Value], prefix: str, first: int) -> list[Value]:
+    """AOTAutograd's inputs are ``primals_1, primals_2, ...`` in graph order (name and op), lifted
+    constants ``_tensor_constant0, ...``: number the stamped ones the same way, where the traced
+    ones are."""
+    numbered = [v for v in traced if v.available and v.op.startswith(prefix)]
+    if [v.op for v in numbered] != [f"{prefix}{i}" for i in range(first, len(numbered) + first)]:
         return stamped
-    count = 0
+    count = first
     for index, value in enumerate(stamped):
-        if value.available and value.op.startswith(_PRIMALS):
+        if value.available and value.op.startswith(prefix):
+            stamped[index] = dataclasses.replace(value, name=f"{prefix}{count}", op=f"{prefix}{count}")
             count += 1
-            stamped[index] = dataclasses.replace(value, name=f"{_PRIMALS}{count}", op=f"{_PRIMALS}{count}")
     return stamped
 
 

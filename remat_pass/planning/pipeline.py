@@ -37,6 +37,7 @@ from ..errors import RematError
 from .progress import solving
 from ..rewrite.rewrite import rewrite
 from ..rewrite.simulate import simulate
+from ..runtime.plan_cache import cache_key
 from .tracing import LossFn, TracedStep, as_inputs, merge_problems, trace_step
 
 logger = logging.getLogger(__name__)
@@ -256,7 +257,8 @@ def plan_problem(problem: Problem, options: PlanOptions) -> Planned:
     (``progress.solving``: the log at INFO, and a status line when stderr is a terminal).
     """
     cache = options.plan_cache
-    if cache is not None and (found := cache.get(problem, options)) is not None:
+    key = cache_key(problem, options) if cache is not None else None  # hashed once, for the lookup and the store
+    if cache is not None and (found := cache.get(problem, options, key)) is not None:
         plan, budget = found
         return Planned(plan, resolve_budget(problem, Budget(budget["fraction"], budget["nbytes"]), budget["kind"]))
     what = f"a {options.solver} plan for {len(problem.values)} values under budget {options.budget}"
@@ -266,7 +268,7 @@ def plan_problem(problem: Problem, options: PlanOptions) -> Planned:
     if cache is not None:
         requested = planned.budget.requested
         cache.put(problem, options, planned.plan,
-                  {"fraction": requested.fraction, "nbytes": requested.nbytes, "kind": planned.budget.kind.value})
+                  {"fraction": requested.fraction, "nbytes": requested.nbytes, "kind": planned.budget.kind.value}, key)
     return planned
 
 

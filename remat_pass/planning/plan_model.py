@@ -53,6 +53,7 @@ from .pipeline import (
 )
 from .loss_choice import Pin, choose_loss
 from .repeated_blocks import trace_repeated
+from .trace_key import before_tracing
 from ..tools.report import PlanReport, block_depth
 
 logger = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ def plan(
     costs: str = CostModel.ROOFLINE,
     plan_cache: Any = True,
     chunk_loss: Any = None,
+    pretrace_key: bool = True,
     **solver_options: Any,
 ) -> Plan:
     """Decide what ``model``'s training step keeps and recomputes under ``budget``; run nothing.
@@ -102,7 +104,11 @@ def plan(
     ``time_limit`` and ``prove`` as for ``optimize``: by default 5 s of planning and no proof work;
     ``plan_cache`` too (by default ``~/.cache/remat_pass/plans``; ``False`` for none).
     ``chunk_loss`` as for ``optimize``: by default the loss is chunked when the budget cannot be
-    met whole, or is met whole only with more work (``loss_choice.choose_loss``).
+    met whole, or is met whole only with more work (``loss_choice.choose_loss``). A repeated call
+    is answered from the plan cache before tracing, from a key over the model's structure, code,
+    attributes and inputs and the global state a trace reads (``planning.trace_key``, which lists
+    what that key cannot see, such as a module-level flag a forward reads); ``pretrace_key=False``
+    always traces (the cache then skips the solve only).
 
     Raises BudgetInfeasibleError (with the smallest feasible budget) when nothing fits.
     """
@@ -110,7 +116,7 @@ def plan(
                                loss_fn=loss_fn, time_limit=time_limit, prove=prove, offload=offload,
                                host_budget=host_budget,
                                example_kwargs=example_kwargs, costs=costs, plan_cache=plan_cache,
-                               chunk_loss=chunk_loss, **solver_options)
+                               chunk_loss=chunk_loss, pretrace_key=pretrace_key, **solver_options)
     if verbose:
         print(report_.render(depth=depth))
     return report_.plan
@@ -133,6 +139,7 @@ def plan_with_report(
     costs: str = CostModel.ROOFLINE,
     plan_cache: Any = True,
     chunk_loss: Any = None,
+    pretrace_key: bool = True,
     **solver_options: Any,
 ) -> PlanReport:
     """``plan`` plus the step's FLOPs and forward time: a ``PlanReport`` at the blocks' depth."""
@@ -156,10 +163,17 @@ def plan_with_report(
     options = PlanOptions(parsed, solver, device, time_limit, budget_kind, dict(solver_options), offload=offload,
                           host_budget_bytes=parse_host_budget(host_budget), prove=prove,
                           plan_cache=as_plan_cache(plan_cache))
-    traced, made = plan_or_chunk(trace, chunk_loss,
-                                 lambda step, pin: plan_problem(step.problem, pin.applied_to(options) if pin else options).plan)
-    return PlanReport(made, traced.step_flops, traced.forward_seconds, traced.pieces, budget=parsed,
-                      depth=block_depth(made.problem))
+
+    def report() -> PlanReport:
+        traced, made = plan_or_chunk(trace, chunk_loss, lambda step, pin: plan_problem(
+            step.problem, pin.applied_to(options) if pin else options).plan)
+        return PlanReport(made, traced.step_flops, traced.forward_seconds, traced.pieces, budget=parsed,
+                          depth=block_depth(made.problem))
+
+    arguments = {"budget": parsed, "solver": solver, "device": device, "budget_kind": budget_kind, "loss_fn": loss_fn,
+                 "time_limit": time_limit, "prove": prove, "offload": offload, "host_budget": options.host_budget_bytes,
+                 "costs": costs, "chunk_loss": chunk_loss, "solver_options": solver_options}
+    return before_tracing("plan", model, call, arguments, options.plan_cache if pretrace_key else None, report)
 
 
 def plan_or_chunk(trace: Callable[[ChunkLoss | None], TracedStep], chunk_loss: Any,

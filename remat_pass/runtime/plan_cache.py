@@ -36,6 +36,11 @@ checked and re-priced against this run's problem:
   ``rho`` times the old lower bound still bounds the optimum and gives the gap (without offload:
   an offloaded transfer's exposed time is not monotone in op costs, so there the gap is unknown).
 
+``plan()``, ``plan_with_report()`` and ``explain()`` also look a result up *before* tracing, under
+a key made from the model, its inputs and the global state a trace reads (``planning.trace_key``,
+which says what that key cannot see); those results are pickled under ``traced/`` and read back by
+an unpickler that builds remat_pass's records only (``get_traced``, ``put_traced``).
+
 Quantizing the measured costs into the key was the alternative; it was not taken because a
 graph has hundreds of ops, and one of them jittering across a bucket edge is a miss. Hits and misses are logged at INFO and counted
 (``cache.hits``, ``cache.misses``). A file that cannot be read is a miss (and is overwritten);
@@ -54,6 +59,7 @@ import json
 import logging
 import math
 import os
+import pickle
 import tempfile
 from importlib import metadata
 from pathlib import Path
@@ -123,8 +129,16 @@ def problem_digest(problem: Problem) -> str:
 def _planning_inputs(options: Any) -> dict[str, Any]:
     """Every field of ``PlanOptions`` but the cache itself, and the versions that plan."""
     fields = {f.name: _canonical(getattr(options, f.name)) for f in dataclasses.fields(options) if f.name != "plan_cache"}
-    return {**fields, "remat_pass": _version("remat-pass"), "torch": _version("torch"), "format": FORMAT,
-            "code": code_digest()}
+    return {**fields, **planning_versions()}
+
+
+def planning_versions() -> dict[str, Any]:
+    """What plans besides the planning inputs: remat_pass's and torch's versions, the record
+    format and the digest of remat_pass's own source."""
+    return {"remat_pass": _version("remat-pass"), "torch": _version("torch"), "format": FORMAT, "code": code_digest()}
+
+
+canonical = _canonical
 
 
 @functools.lru_cache(maxsize=1)
@@ -172,9 +186,45 @@ class PlanCache:
     def stats(self) -> dict[str, int]:
         return {"hits": self.hits, "misses": self.misses}
 
-    def get(self, problem: Problem, options: Any) -> tuple[Plan, dict[str, Any]] | None:
-        """The stored plan for ``problem`` under ``options`` and the budget it was made for, or None."""
-        key = cache_key(problem, options)
+    @property
+    def traced_directory(self) -> Path:
+        """Where results found before tracing are stored (``planning.trace_key``), beside the plans."""
+        return self.directory / "traced"
+
+    def get_traced(self, key: str) -> Any | None:
+        """What ``put_traced`` stored under ``key`` (a pre-trace key), or None; a hit is counted
+        in ``hits``, a miss is not (the traced path that follows looks the plan up again)."""
+        path = self.traced_directory / f"{key}.pickle"
+        try:
+            with path.open("rb") as handle:
+                found = _RecordUnpickler(handle).load()
+        except FileNotFoundError:
+            return None
+        except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError,
+                ValueError) as error:
+            logger.warning("plan cache file %s is unreadable (%s); tracing", path, error)
+            return None
+        self.hits += 1
+        logger.info("plan cache hit %s in %s before tracing: skipping the trace and the solve (%d hits, %d misses)",
+                    key[:12], self.traced_directory, self.hits, self.misses)
+        return found
+
+    def put_traced(self, key: str, result: Any) -> None:
+        """Store ``result`` (remat_pass's own frozen records: a ``PlanReport`` with its plan and
+        problem) under a pre-trace ``key``; pickled, read back by ``get_traced`` alone."""
+        try:
+            self.traced_directory.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("wb", dir=self.traced_directory, suffix=".tmp", delete=False) as handle:
+                pickle.dump(result, handle, protocol=pickle.HIGHEST_PROTOCOL)
+            os.replace(handle.name, self.traced_directory / f"{key}.pickle")
+        except (OSError, pickle.PicklingError, TypeError, AttributeError) as error:
+            logger.warning("could not write the plan cache in %s: %s", self.traced_directory, error)
+
+    def get(self, problem: Problem, options: Any, key: str | None = None) -> tuple[Plan, dict[str, Any]] | None:
+        """The stored plan for ``problem`` under ``options`` and the budget it was made for, or None
+        (``key``: ``cache_key(problem, options)`` where the caller has it, so a miss that is then
+        stored hashes the problem once)."""
+        key = key or cache_key(problem, options)
         path = self.directory / f"{key}.json"
         try:
             record = json.loads(path.read_text())
@@ -196,9 +246,9 @@ class PlanCache:
                     self.hits, self.misses)
         return plan, record["budget"]
 
-    def put(self, problem: Problem, options: Any, plan: Plan, budget: dict[str, Any]) -> None:
+    def put(self, problem: Problem, options: Any, plan: Plan, budget: dict[str, Any], key: str | None = None) -> None:
         """Store ``plan`` (and the budget it was made for, in ``Budget``'s fields and kind)."""
-        key = cache_key(problem, options)
+        key = key or cache_key(problem, options)
         record = {"format": FORMAT, "plan": _plan_fields(plan), "budget": budget}
         if _measured(problem):
             record["seconds"] = [value.recompute_seconds for value in problem.values]
@@ -209,6 +259,25 @@ class PlanCache:
             os.replace(handle.name, self.directory / f"{key}.json")  # atomic: readers never see half a file
         except OSError as error:
             logger.warning("could not write the plan cache in %s: %s", self.directory, error)
+
+
+class _RecordUnpickler(pickle.Unpickler):
+    """Reads back only what ``put_traced`` writes: remat_pass's classes, containers and the
+    helpers pickle rebuilds objects with; any other global (a function a crafted file would
+    call) is refused, so a cache file cannot run code."""
+
+    _BUILTINS = frozenset({"frozenset", "set", "tuple", "list", "dict", "int", "float", "complex", "str", "bytes",
+                           "bool", "slice", "object"})
+    _COPYREG = frozenset({"_reconstructor", "__newobj__", "__newobj_ex__"})
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module == "builtins" and name in self._BUILTINS) or (module == "copyreg" and name in self._COPYREG):
+            return super().find_class(module, name)
+        if module.split(".")[0] == "remat_pass":  # checked before importing anything
+            found = super().find_class(module, name)
+            if isinstance(found, type):
+                return found
+        raise pickle.UnpicklingError(f"{module}.{name} is not a remat_pass record")
 
 
 def _plan_fields(plan: Plan) -> dict[str, Any]:
@@ -297,5 +366,5 @@ def as_plan_cache(value: PlanCache | str | os.PathLike[str] | bool | None) -> Pl
     raise TypeError(f"plan_cache must be a PlanCache, a directory path, True, False or None, got {type(value).__name__}")
 
 
-__all__ = ["DEFAULT_DIRECTORY", "OFF_WORDS", "PlanCache", "from_text", "as_plan_cache", "cache_key", "code_digest", "default_directory",
-           "problem_digest"]
+__all__ = ["DEFAULT_DIRECTORY", "OFF_WORDS", "PlanCache", "from_text", "as_plan_cache", "cache_key", "canonical", "code_digest",
+           "default_directory", "planning_versions", "problem_digest"]

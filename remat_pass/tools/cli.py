@@ -232,7 +232,7 @@ def _run_explain(args: argparse.Namespace) -> int:
     from remat_pass.planning.budget import parse_budget
     from remat_pass.annotate.costs import get_profile, parse_costs
     from remat_pass.errors import BudgetInfeasibleError, InvalidBudgetError, RematError
-    from remat_pass.tools.explain import explain_step
+    from remat_pass.tools.explain import explain, explain_step
     from remat_pass.rewrite.offload import check_offload_options
 
     logging.basicConfig(level=logging.WARNING)
@@ -260,9 +260,13 @@ def _run_explain(args: argparse.Namespace) -> int:
     try:
         with _stdout_to_stderr():
             # As explain() does: identical blocks traced once each and stamped, the loss's chunking chosen.
-            traced, explanation = explain_step(model, inputs, budget, args.solver, args.device, loss_fn=loss_fn,
-                                               depth=args.depth, costs=args.costs, offload=args.offload,
-                                               chunk_loss=_chunk_loss(args.chunk_loss), **options)
+            call = dict(depth=args.depth, costs=args.costs, offload=args.offload,
+                        chunk_loss=_chunk_loss(args.chunk_loss), **options)
+            if args.plot is None:  # a repeated command is answered before tracing (planning.trace_key)
+                explanation = explain(model, inputs, budget, args.solver, args.device, loss_fn=loss_fn, **call)
+            else:  # the plots' curve needs the traced step
+                traced, explanation = explain_step(model, inputs, budget, args.solver, args.device, loss_fn=loss_fn,
+                                                   **call)
     except BudgetInfeasibleError as e:
         if args.json:
             print(json.dumps({"error": "infeasible", "message": str(e), "budget_bytes": e.budget_bytes,
@@ -284,7 +288,7 @@ def _run_explain(args: argparse.Namespace) -> int:
             print(f"{PROG} explain: could not write plots: {e}", file=sys.stderr)
             return 1
     if args.json:
-        print(json.dumps({**explanation.to_dict(), "pieces": traced.pieces, "plots": written}, indent=2))
+        print(json.dumps({**explanation.to_dict(), "pieces": explanation.pieces, "plots": written}, indent=2))
     else:
         explanation.show()
         for path in written:

@@ -26,6 +26,8 @@ from ..planning.budget import parse_budget
 from ..annotate.costs import CostModel, DeviceProfile, parse_costs
 from ..planning.pipeline import BudgetKind, LossFn, PlanOptions, TracedStep, plan_problem, planning_effort
 from ..planning.repeated_blocks import trace_repeated
+from ..planning.trace_key import before_tracing
+from ..capture.inputs import call_inputs
 from ..runtime.plan_cache import as_plan_cache
 from ..capture.loss_chunking import ChunkLoss
 from ..planning.loss_choice import Pin
@@ -75,6 +77,7 @@ def explain(
     depth: int | None = None,
     costs: str = CostModel.ROOFLINE,
     chunk_loss: Any = None,
+    pretrace_key: bool = True,
     **solver_options: Any,
 ) -> PlanReport:
     """Plan ``model``'s training step for ``budget`` and account for it module by module.
@@ -84,10 +87,17 @@ def explain(
     ``solver`` is any name in ``solvers.SOLVERS``; ``device`` picks the cost model and ``costs``
     how it prices recompute ("roofline", "flops", "measure"). ``chunk_loss`` as for ``optimize``
     (by default the loss is chunked where the budget cannot be met whole, or is met whole only with
-    more work; the report's note then says so, with what it saved).
+    more work; the report's note then says so, with what it saved). A repeated call is answered
+    from the plan cache before tracing unless ``pretrace_key=False`` (``plan``'s option;
+    ``planning.trace_key`` says what that key cannot see).
     """
-    return explain_step(model, example_inputs, budget, solver, device, loss_fn=loss_fn, depth=depth, costs=costs,
-                        chunk_loss=chunk_loss, **solver_options)[1]
+    arguments = {"budget": parse_budget(budget), "solver": solver, "device": device, "loss_fn": loss_fn,
+                 "depth": depth, "costs": costs, "chunk_loss": chunk_loss,
+                 "solver_options": {k: v for k, v in solver_options.items() if k != "plan_cache"}}
+    cache = as_plan_cache(solver_options.get("plan_cache", True)) if pretrace_key else None
+    return before_tracing("explain", model, call_inputs(example_inputs), arguments, cache, lambda: explain_step(
+        model, example_inputs, budget, solver, device, loss_fn=loss_fn, depth=depth, costs=costs,
+        chunk_loss=chunk_loss, **solver_options)[1])
 
 
 def explain_step(

@@ -40,6 +40,7 @@ from ..mip.solve import add_row, binary, run_mip
 from ..mip.keep_model import rounding_for
 from ..analysis.lifetimes import backward_steps_of
 from ..problem import Problem
+from ..status import CLOSED_GAP
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,9 @@ ANSWER_BOUND_SECONDS_PER_VALUE = 1e-3
 # the 12-layer Llama of the benchmarks (CP-SAT, 6 s) 8 steps bound 0.0667 s in 2.8 s, 48 steps
 # nothing in 6 s (0.0667 s in 10.8 s; ``benchmarks/RESULTS.md``, "Round 13").
 QUICK_BOUND_STEPS = 8
+# saved_bytes_floor polishes its bound with the fast planner's ILP only where the time left is this
+# many times what the hull alone took (the polish's model build, not interruptible, is ~4x the hull).
+FLOOR_POLISH_RATIO = 10
 
 
 @dataclass(frozen=True)
@@ -266,15 +270,29 @@ def saved_bytes_floor(problem: Problem, budget_bytes: int, deadline: float) -> f
     forward, so such a plan keeps at most ``budget_bytes``, and the fast planner's proven bound at
     that saved-bytes cap bounds them all (a value made again costs more than made once). Cheap where
     the any-schedule bound is not: 0.4 s on a 12-layer HF GPT-2 at checkpointing's peak, there the
-    peak rows' relaxation's bound itself (0.561 s of recompute against the plan's 0.680 s)."""
+    peak rows' relaxation's bound itself (0.561 s of recompute against the plan's 0.680 s).
+
+    Only the bound is wanted, so the fast planner runs without its bucket refinement (which
+    improves its plan, never its bound) and first without its ILP polish: the Lagrangian hull's
+    bound alone (0.04 s at 12 layers, 0.07 s at 48). The polish, whose MIP can raise the bound a
+    little (0.25% on the 12-layer HF GPT-2 below its checkpointing peak), runs only where the time
+    left is ``FLOOR_POLISH_RATIO`` times the hull's: its model build is not interrupted, and at 48
+    layers it ran 0.2 s past the planner's deadline for the same bound (benchmarks/SCALING.md)."""
     from ..errors import BudgetInfeasibleError, SolverError
     from ..fast import solve_fast
 
-    seconds = deadline - time.perf_counter()
-    if seconds <= 0.1:
-        return None
-    try:
-        plan = solve_fast(problem, budget_bytes, time_limit=seconds)
-    except (BudgetInfeasibleError, SolverError):
-        return None
-    return None if plan.gap is None else plan.recompute_seconds * (1 - plan.gap)
+    began = time.perf_counter()
+    bound = None
+    for polish in (False, True):
+        seconds = deadline - time.perf_counter()
+        if seconds <= 0.1 or (polish and seconds < FLOOR_POLISH_RATIO * (time.perf_counter() - began)):
+            break
+        try:
+            plan = solve_fast(problem, budget_bytes, time_limit=seconds, polish=polish, refine=False)
+        except (BudgetInfeasibleError, SolverError):
+            return bound
+        if plan.gap is not None:
+            bound = max(bound or 0.0, plan.recompute_seconds * (1 - plan.gap))
+        if plan.gap is not None and plan.gap <= CLOSED_GAP:
+            break
+    return bound
