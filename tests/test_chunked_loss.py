@@ -481,3 +481,26 @@ def _assert_compiled_step_close(compiled, owner: nn.Module, inputs, expected) ->
     torch.testing.assert_close(loss.detach(), expected[0], rtol=1e-5, atol=1e-6)
     for name, p in owner.named_parameters():
         torch.testing.assert_close(p.grad, expected[1][name], rtol=1e-5, atol=1e-6)
+
+
+def test_plan_does_not_retrace_a_loss_that_would_be_one_chunk(monkeypatch) -> None:
+    """TinyLM's log-probabilities (48 x 96 fp32, 18 KiB) are under the smallest chunk (64 KiB): the
+    automatic rule knows from the whole step's problem that chunking would leave the loss whole, and
+    traces once; a loss larger than a chunk is traced again, chunked."""
+    from remat_pass.planning import plan_model
+
+    traces = []
+    real = plan_model.trace_repeated
+
+    def counting(*args, **kwargs):
+        traces.append(kwargs.get("chunk_loss"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(plan_model, "trace_repeated", counting)
+    plan = remat_pass.plan(TinyLM(), _inputs(), budget=0.3, device="cpu", solver="ilp", plan_cache=False)
+    assert plan.recompute_flops > 0 and traces == [None]
+    traces.clear()
+    vocab = 2048
+    remat_pass.plan(TinyLM(vocab=vocab), _inputs(vocab=vocab, batch=2, seq=64), budget=0.3, device="cpu",
+                    solver="ilp", plan_cache=False)
+    assert traces[0] is None and len(traces) >= 2 and all(isinstance(t, ChunkLoss) for t in traces[1:])

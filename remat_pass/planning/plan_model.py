@@ -191,7 +191,7 @@ def plan_or_chunk(trace: Callable[[ChunkLoss | None], TracedStep], chunk_loss: A
     def attempt(chunking: ChunkLoss | None, pin: Pin | None) -> tuple[TracedStep, T] | None:
         if chunking is None:
             return traced, plan_traced(traced, None)
-        if not _may_have_a_loss(traced):  # nothing to chunk: do not pay a second capture to find out
+        if not _may_split(traced, chunking):  # nothing to cut: do not pay a second capture to find out
             return None
         chunked = trace(chunking)
         return (chunked, plan_traced(chunked, pin)) if _splits(chunked) else None
@@ -200,11 +200,15 @@ def plan_or_chunk(trace: Callable[[ChunkLoss | None], TracedStep], chunk_loss: A
                        lambda made: sum(region.extra_flops for region in made[0].chunked))
 
 
-def _may_have_a_loss(traced: TracedStep) -> bool:
+def _may_split(traced: TracedStep, chunking: ChunkLoss) -> bool:
     """Whether the step traced whole computes a cross-entropy (AOTAutograd's ``nll_loss_forward``,
-    which every ``F.cross_entropy`` with class-index targets becomes), the only loss chunking
-    rewrites: without one, tracing the step again to find out costs a whole capture for nothing."""
-    return any(value.op.startswith("nll_loss") for value in traced.problem.values)
+    which every ``F.cross_entropy`` with class-index targets becomes; the only loss chunking
+    rewrites) over log-probabilities larger than one chunk: otherwise chunking would leave it
+    whole, and tracing the step again to find out costs a whole capture for nothing."""
+    problem = traced.problem
+    return any(value.op.startswith("nll_loss") and
+               max((problem.storage_bytes[problem.values[i].storage] for i in value.inputs), default=0)
+               > chunking.chunk_bytes for value in problem.values)
 
 
 def _splits(traced: TracedStep) -> bool:
