@@ -109,8 +109,8 @@ def _chunked(attempt: Attempt[T], cost: _Cost, discard: Callable[[T], None], pin
         except solvers.BudgetInfeasibleError as error:
             errors.append(error)
             continue
-        if made is None:
-            return None
+        if made is None:  # the loss would be one chunk
+            return best
         if best is not None and cost(best) <= cost(made):
             discard(made)
         else:
