@@ -8,7 +8,7 @@ peak, executed FLOPs by the profiler's count of dispatched matmuls, gradients):
 * ``eager``: the model as given (the FLOP and gradient reference);
 * ``ckpt``: Hugging Face's per-block checkpointing (``activation_checkpointing_enable``);
 * ``min_whole`` / ``min_chunked``: remat_pass at the lowest peak it reaches, the loss whole
-  (``chunk_loss=False``) and chunked (``ChunkLoss(--min-chunk-mib, gradients="recomputed")``,
+  (``chunk_loss=False``) and chunked (``ChunkLoss(--min-chunk-mib, gradients="recomputed", min_rows=1)``,
   1 MiB: the lowest peak wants small chunks and nothing held from forward to backward): the
   budget is the smallest one ``BudgetInfeasibleError`` names for a 1 KiB budget;
 * ``at_ckpt_whole`` / ``at_ckpt_auto`` / ``at_ckpt_chunked`` / ``at_ckpt_recomputed``: remat_pass
@@ -102,9 +102,26 @@ def run_model(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     eager, _ = measure("eager", lambda: prepare(Strategy.parse("none"), work), work, cfg, None)
     reference = eager.pop("grads")
     rows["eager"] = eager
+    if not args.timing_only:
+        _memory_rows(rows, work, cfg, reference, chunked, args)
+    timed: dict[str, Prepared] = {}
+    for name, chunk_loss in (("keep_whole", False), ("keep_chunked", chunked)):
+        rows[name], timed[name] = measure(name, lambda: remat_step(work, None, chunk_loss, args.time_limit), work,
+                                          cfg, reference)
+    times = runner.interleaved(timed, args.rounds, torch.device("cpu"))
+    for row in rows.values():
+        row.pop("grads", None)
+    ratios = [c / w for c, w in zip(times["keep_chunked"], times["keep_whole"])]
+    return {"spec": spec.to_dict(), "rows": rows, "times_s": times, "time_ratio_median": statistics.median(ratios),
+            "rounds_chunked_faster": sum(r < 1 for r in ratios)}
+
+
+def _memory_rows(rows: dict[str, Row], work: Workload, cfg: runner.RunConfig, reference: Any, chunked: ChunkLoss,
+                 args: argparse.Namespace) -> None:
+    """The ckpt, lowest-peak and at-ckpt's-peak rows, into ``rows``."""
     rows["ckpt"], _ = measure("ckpt", lambda: prepare(Strategy.parse("checkpoint_blocks"), work), work, cfg, reference)
     lowest = () if args.skip_lowest else (
-        ("min_whole", False), ("min_chunked", ChunkLoss(int(args.min_chunk_mib * MiB), LossGradients.RECOMPUTED)))
+        ("min_whole", False), ("min_chunked", ChunkLoss(int(args.min_chunk_mib * MiB), LossGradients.RECOMPUTED, min_rows=1)))
     for name, chunk_loss in lowest:
         budget = lowest_peak(work, chunk_loss, args.time_limit)
         rows[name], _ = measure(name, lambda: remat_step(work, budget, chunk_loss, args.time_limit), work, cfg,
@@ -117,16 +134,6 @@ def run_model(kind: str, args: argparse.Namespace) -> dict[str, Any]:
         rows[name], _ = measure(name, lambda: remat_step(work, ckpt_peak, chunk_loss, args.time_limit), work, cfg,
                                 reference)
         rows[name]["budget_bytes"] = ckpt_peak
-    timed: dict[str, Prepared] = {}
-    for name, chunk_loss in (("keep_whole", False), ("keep_chunked", chunked)):
-        rows[name], timed[name] = measure(name, lambda: remat_step(work, None, chunk_loss, args.time_limit), work,
-                                          cfg, reference)
-    times = runner.interleaved(timed, args.rounds, torch.device("cpu"))
-    for row in rows.values():
-        row.pop("grads", None)
-    ratios = [c / w for c, w in zip(times["keep_chunked"], times["keep_whole"])]
-    return {"spec": spec.to_dict(), "rows": rows, "times_s": times, "time_ratio_median": statistics.median(ratios),
-            "rounds_chunked_faster": sum(r < 1 for r in ratios)}
 
 
 def _loss_form(notes: str | list[str] | None) -> str:
@@ -173,9 +180,10 @@ def tables(results: dict[str, Any]) -> str:
              "|---|---|---|---|---|---|---|"]
     times = ["| model | keep-all step, chunked / whole (median of rounds) | rounds chunked faster |", "|---|---|---|"]
     for result in results["models"].values():
-        first, *rest = summary(result)
-        lines.append(first)
-        extra.extend(rest)
+        if "ckpt" in result["rows"]:  # not a --timing-only run
+            first, *rest = summary(result)
+            lines.append(first)
+            extra.extend(rest)
         times.append(f"| {result['spec']['label']} | {result['time_ratio_median']:.3f} | "
                      f"{result['rounds_chunked_faster']}/{len(result['times_s']['keep_whole'])} |")
     return "\n".join([*lines, "", *extra, "", *times])
@@ -198,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--tables-only", action="store_true", help="rewrite OUT/tables.md from OUT/results.json")
+    parser.add_argument("--timing-only", action="store_true", help="eager and the keep-all step time rows only")
     args = parser.parse_args(argv)
     if args.tables_only:
         text = tables(json.loads((args.out / "results.json").read_text()))

@@ -133,7 +133,7 @@ def test_where_the_gradients_are_computed(gradients: LossGradients) -> None:
     torch.manual_seed(0)
     model, inputs = TinyLM(), _inputs()
     expected = _step(model, inputs)
-    config = ChunkLoss(chunk_bytes=96 * 4 * 10, gradients=gradients)
+    config = ChunkLoss(chunk_bytes=96 * 4 * 10, gradients=gradients, min_rows=1)
     chunked = remat_pass.optimize(copy.deepcopy(model), chunk_loss=config, plan_cache=False)
     _assert_step_close(_step(chunked, inputs), expected, exact=False)
     (region,) = _chunked_nodes(TinyLM(), inputs, config)
@@ -206,7 +206,7 @@ def test_optimize_chunks_the_loss_with_eager_gradients(softcap: float | None) ->
     torch.manual_seed(0)
     model, inputs = TinyLM(softcap=softcap), _inputs()
     expected = _step(model, inputs)
-    chunked = remat_pass.optimize(copy.deepcopy(model), chunk_loss=ChunkLoss(chunk_bytes=96 * 4 * 10),
+    chunked = remat_pass.optimize(copy.deepcopy(model), chunk_loss=ChunkLoss(chunk_bytes=96 * 4 * 10, min_rows=1),
                                   plan_cache=False)
     got = _step(chunked, inputs)
     _assert_step_close(got, expected, exact=False)
@@ -296,7 +296,7 @@ def test_hugging_face_loss_path(kind: str) -> None:
     model = HFLoss(_hf(kind)).train()
     inputs = (torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1)),)
     expected = _step(model, inputs)
-    chunked = remat_pass.optimize(copy.deepcopy(model), chunk_loss=ChunkLoss(chunk_bytes=128 * 4 * 8),
+    chunked = remat_pass.optimize(copy.deepcopy(model), chunk_loss=ChunkLoss(chunk_bytes=128 * 4 * 8, min_rows=1),
                                   plan_cache=False)
     _assert_step_close(_step(chunked, inputs), expected, exact=False)
     assert "in 4 chunks of 8 rows" in chunked.plan.problem.notes[0]
@@ -370,7 +370,7 @@ def test_inductor_runs_the_chunked_loss() -> None:
     torch.manual_seed(0)
     model, inputs = TinyLM(softcap=30.0), _inputs()
     expected = _step(model, inputs)
-    compiled = remat_pass.optimize(copy.deepcopy(model), inner="inductor", chunk_loss=ChunkLoss(96 * 4 * 10),
+    compiled = remat_pass.optimize(copy.deepcopy(model), inner="inductor", chunk_loss=ChunkLoss(96 * 4 * 10, min_rows=1),
                                    plan_cache=False)
     _assert_step_close(_step(compiled, inputs), expected, exact=False)
     assert compiled.plan.problem.notes
@@ -504,3 +504,19 @@ def test_plan_does_not_retrace_a_loss_that_would_be_one_chunk(monkeypatch) -> No
     remat_pass.plan(TinyLM(vocab=vocab), _inputs(vocab=vocab, batch=2, seq=64), budget=0.3, device="cpu",
                     solver="ilp", plan_cache=False)
     assert traces[0] is None and len(traces) >= 2 and all(isinstance(t, ChunkLoss) for t in traces[1:])
+
+
+def test_a_chunk_has_enough_rows_for_the_head_to_run_at_its_rate() -> None:
+    """Chunks grow to ``min_rows`` tokens past ``chunk_bytes`` (16 rows of a 256000 vocabulary's
+    fp32 logits double the loss's time), but never past ``max_chunk_bytes`` (the budget's share)."""
+    from remat_pass.capture.loss_chunking import chunk_for_budget, chunk_rows
+
+    row = 256000 * 4
+    assert chunk_rows(ChunkLoss(), row, 1024) == 256
+    assert chunk_rows(ChunkLoss(), 50257 * 4, 1024) == 256
+    assert chunk_rows(ChunkLoss(), 96 * 4, 48) == 48  # one chunk: the automatic rule would not chunk it
+    assert chunk_rows(ChunkLoss(chunk_bytes=row * 8, min_rows=1), row, 1024) == 8
+    assert chunk_rows(chunk_for_budget(64 * row), row, 1024) == 4  # 1/16 of the budget
+    assert chunk_rows(chunk_for_budget(2**40), row, 1024) == 256
+    with pytest.raises(ValueError, match="min_rows"):
+        ChunkLoss(min_rows=0)

@@ -39,6 +39,7 @@ logger = logging.getLogger(__name__)
 
 MiB = 2**20
 DEFAULT_CHUNK_BYTES = 16 * MiB
+DEFAULT_MIN_ROWS = 256
 MIN_CHUNK_BYTES = 64 * 1024
 # Under a budget the loss could not meet whole, a chunk's logits get 1/16 of it: the op's working
 # set is at most 7 chunks (backward; measured 5-6, annotate.scratch), under half the budget.
@@ -70,22 +71,33 @@ class LossGradients(str, enum.Enum):
 
 @dataclass(frozen=True)
 class ChunkLoss:
-    """How a loss is chunked: ``chunk_bytes`` bounds one chunk's logits (in the loss's dtype);
-    ``gradients`` says where the gradients are computed (``LossGradients``; a per-token loss,
-    ``reduction="none"``, is always recomputed).
+    """How a loss is chunked: ``chunk_bytes`` is what one chunk's logits aim at (in the loss's
+    dtype), ``min_rows`` the fewest tokens a chunk has, ``max_chunk_bytes`` (None: none) a bound
+    neither may pass; ``gradients`` says where the gradients are computed (``LossGradients``; a
+    per-token loss, ``reduction="none"``, is always recomputed).
 
     16 MiB by default: the chunk's transient working set (logits, the chain's copies, log-probs,
     their gradient: a few chunks' worth) stays a few tens of MiB, small beside a model's
-    activations, while a chunk still has enough rows (83 at a 50257 vocabulary in fp32, 16 at
-    256000) for the head's matmul to run at its full rate.
+    activations. At least 256 rows: below that the head's matmuls, and the weight gradient
+    accumulated over chunks (read and written whole once per chunk), run far under their rate:
+    measured on CPU at Gemma's 256000 vocabulary and hidden 512 (loss and gradients, fp32, against
+    eager's whole loss), 16-row chunks (what 16 MiB gives there) take 2.03x, 64 rows 1.25x, 256
+    rows 1.09x (``benchmarks/CHUNKED_LOSS.md``, section 7). ``min_rows=1`` lets ``chunk_bytes``
+    alone decide.
     """
 
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     gradients: LossGradients = LossGradients.IN_FORWARD
+    min_rows: int = DEFAULT_MIN_ROWS
+    max_chunk_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.chunk_bytes < 1:
             raise ValueError(f"chunk_bytes must be a positive number of bytes, got {self.chunk_bytes}")
+        if self.min_rows < 1:
+            raise ValueError(f"min_rows must be a positive number of tokens, got {self.min_rows}")
+        if self.max_chunk_bytes is not None and self.max_chunk_bytes < 1:
+            raise ValueError(f"max_chunk_bytes must be a positive number of bytes or None, got {self.max_chunk_bytes}")
         try:
             object.__setattr__(self, "gradients", LossGradients(self.gradients))
         except ValueError:
@@ -155,9 +167,10 @@ def describe(region: ChunkedRegion) -> str:
 
 
 def chunk_for_budget(budget_bytes: int, gradients: LossGradients = LossGradients.IN_FORWARD) -> ChunkLoss:
-    """The chunking ``chunk_loss=None`` picks for a budget: a chunk's logits at 1/16 of the
-    budget, between 64 KiB and the default 16 MiB."""
-    return ChunkLoss(min(DEFAULT_CHUNK_BYTES, max(MIN_CHUNK_BYTES, budget_bytes // BUDGET_SHARE)), gradients)
+    """The chunking ``chunk_loss=None`` picks for a budget: a chunk's logits at most 1/16 of the
+    budget (at least 64 KiB), aiming at the default 16 MiB and 256 rows within that."""
+    share = max(MIN_CHUNK_BYTES, budget_bytes // BUDGET_SHARE)
+    return ChunkLoss(min(DEFAULT_CHUNK_BYTES, share), gradients, max_chunk_bytes=share)
 
 
 def as_chunk_loss(chunk_loss: "bool | ChunkLoss | None") -> ChunkLoss | None:
@@ -357,7 +370,7 @@ def _planned(ce: fx.Node, config: ChunkLoss) -> _Planned | None:
     if not isinstance(hidden_val, torch.Tensor) or hidden_val.numel() != tokens * width:
         return _skip(ce, "the head's input does not hold one row per target")
     row_bytes = vocab * torch.empty((), dtype=chain_dtype(match.chain, hidden_val.dtype)).element_size()
-    rows = max(1, min(tokens, config.chunk_bytes // row_bytes))
+    rows = chunk_rows(config, row_bytes, tokens)
     bias_val = _val(_bias(linear))
     grads = _gradients_needed(hidden_val, weight_val, bias_val)
     in_forward = config.gradients is LossGradients.IN_FORWARD and arguments["reduction"] != "none" and any(grads)
@@ -368,6 +381,15 @@ def _planned(ce: fx.Node, config: ChunkLoss) -> _Planned | None:
     region = ChunkedRegion(tokens, width, vocab, rows, tokens * row_bytes, match.chain, arguments["reduction"],
                            LossGradients.IN_FORWARD if in_forward else LossGradients.RECOMPUTED, held)
     return _Planned(match, region, grads)
+
+
+def chunk_rows(config: ChunkLoss, row_bytes: int, tokens: int) -> int:
+    """A chunk's tokens: ``chunk_bytes`` worth of rows, at least ``min_rows``, within
+    ``max_chunk_bytes``; between 1 and ``tokens``."""
+    rows = max(config.chunk_bytes // row_bytes, config.min_rows)
+    if config.max_chunk_bytes is not None:
+        rows = min(rows, config.max_chunk_bytes // row_bytes)
+    return max(1, min(tokens, rows))
 
 
 def _bias(linear: fx.Node) -> Any:
@@ -410,5 +432,5 @@ def _gradients_needed(hidden: torch.Tensor, weight: torch.Tensor, bias: Any) -> 
     return bool(hidden.requires_grad), bool(head)
 
 
-__all__ = ["ChunkLoss", "ChunkedRegion", "DEFAULT_CHUNK_BYTES", "LossGradients", "as_chunk_loss", "chunk_for_budget",
-           "chunk_losses", "chunkable", "chunked_regions", "chunking_extra_flops", "copied", "describe", "worth_chunking", "would_split"]
+__all__ = ["ChunkLoss", "ChunkedRegion", "DEFAULT_CHUNK_BYTES", "DEFAULT_MIN_ROWS", "LossGradients", "as_chunk_loss", "chunk_for_budget",
+           "chunk_losses", "chunk_rows", "chunkable", "chunked_regions", "chunking_extra_flops", "copied", "describe", "worth_chunking", "would_split"]

@@ -206,9 +206,10 @@ def _may_split(traced: TracedStep, chunking: ChunkLoss) -> bool:
     rewrites) over log-probabilities larger than one chunk: otherwise chunking would leave it
     whole, and tracing the step again to find out costs a whole capture for nothing."""
     problem = traced.problem
+    smallest_chunk = min(chunking.chunk_bytes, chunking.max_chunk_bytes or chunking.chunk_bytes)
     return any(value.op.startswith("nll_loss") and
                max((problem.storage_bytes[problem.values[i].storage] for i in value.inputs), default=0)
-               > chunking.chunk_bytes for value in problem.values)
+               > smallest_chunk for value in problem.values)
 
 
 def _splits(traced: TracedStep) -> bool:
