@@ -129,11 +129,20 @@ def _recomputed_with(problem: Problem, plan: Plan, kept: frozenset[int], moved: 
     return frozenset(chain)
 
 
-def _moved(problem: Problem, plan: Plan, moved: frozenset[int]) -> Plan:
+def _moved(problem: Problem, plan: Plan, moved: frozenset[int]) -> Plan | None:
+    """``plan`` with ``moved`` recomputed, its simulated peak set; None where no valid plan does
+    it (a storage shared with a refreshed value must be refreshed whole: ``Plan.check``)."""
     kept = plan.kept - moved
-    recomputed = plan.recomputed | _recomputed_with(problem, plan, kept, moved)
-    peak = solvers.simulate_plan(problem, replace(plan, kept=kept, recomputed=recomputed)).peak_bytes
-    return replace(plan, kept=kept, recomputed=recomputed, predicted_peak_bytes=peak)
+    added = _recomputed_with(problem, plan, kept, moved)
+    try:
+        trial = replace(plan, kept=kept, recomputed=plan.recomputed | added, fused=plan.fused | added)
+    except ValueError:
+        return None
+    return replace(trial, predicted_peak_bytes=solvers.simulate_plan(problem, trial).peak_bytes)
+
+
+def _fits(plan: Plan | None, peak: int) -> bool:
+    return plan is not None and plan.predicted_peak_bytes is not None and plan.predicted_peak_bytes <= peak
 
 
 def recompute_fused_free(annotated: AnnotatedGraph, plan: Plan) -> Plan:
@@ -147,12 +156,13 @@ def recompute_fused_free(annotated: AnnotatedGraph, plan: Plan) -> Plan:
         return plan
     peak = solvers.simulate_plan(problem, plan).peak_bytes
     moved = _moved(problem, plan, frozenset(candidates))
-    if moved.predicted_peak_bytes is not None and moved.predicted_peak_bytes > peak:
+    if not _fits(moved, peak):
         moved = plan  # all at once raises the peak: one at a time, each kept only if it does not
         for index in candidates:
             trial = _moved(problem, moved, frozenset({index}))
-            if trial.predicted_peak_bytes is not None and trial.predicted_peak_bytes <= peak:
+            if _fits(trial, peak):
                 moved = trial
+    assert moved is not None
     if moved is plan:
         return plan
     names = sorted(problem.values[i].name for i in plan.kept - moved.kept)
