@@ -13,7 +13,8 @@ change replaced put back (``before``), so that drift on a shared machine hits al
   ``before`` row plans with it).
 
 The third is a planning behaviour, the first two per-call ones; ``--before calls`` keeps only the
-per-call ones (the plan the same as ``after``'s). Each row's peak over the budget and gradients
+per-call ones (the plan the same as ``after``'s); ``--before fused`` puts back only what
+``planning.fused_free`` changed (values Inductor recomputes for free kept, as eager's plan). Each row's peak over the budget and gradients
 against the incumbent's are reported beside the times.
 
     python -m benchmarks.step_overhead --model gpt --model hf_gpt2 --points default,0.3 --rounds 15
@@ -41,7 +42,7 @@ from benchmarks.strategies import Prepared
 from benchmarks.vs_inductor import INNERS, MODELS, PRESETS, Settings, incumbent, measure, point_list, remat_step
 
 log = logging.getLogger(__name__)
-BEFORE = ("all", "calls")
+BEFORE = ("all", "calls", "fused")
 
 
 def _patched_per_call() -> contextlib.AbstractContextManager[None]:
@@ -96,6 +97,25 @@ def _before_planning() -> Iterator[None]:
         annotate.derived_in_backward = saved
 
 
+@contextlib.contextmanager
+def _keeping_fused_free() -> Iterator[None]:
+    """Plans as before ``planning.fused_free``: what Inductor would recompute for free is kept."""
+    from remat_pass.planning import pipeline
+
+    saved = pipeline.recompute_fused_free
+    pipeline.recompute_fused_free = lambda annotated, plan: plan
+    try:
+        yield
+    finally:
+        pipeline.recompute_fused_free = saved
+
+
+def _before(before: str) -> contextlib.AbstractContextManager[None]:
+    if before == "all":
+        return _before_planning()
+    return _keeping_fused_free() if before == "fused" else contextlib.nullcontext()
+
+
 def run_point(spec: ModelSpec, point: str, settings: Settings, before: str, rounds: int,
               cpu_time: bool = True) -> list[dict[str, Any]]:
     runner.reset_between_rows()
@@ -106,10 +126,10 @@ def run_point(spec: ModelSpec, point: str, settings: Settings, before: str, roun
     rows = {"torch": row}
     live: dict[str, Prepared] = {"torch": torch_row}
     for name in ("after", "before"):
-        planning = _before_planning() if name == "before" and before == "all" else contextlib.nullcontext()
+        planning = _before(before) if name == "before" else contextlib.nullcontext()
         with planning:
             prepared = remat_step(work, budget, "inductor", settings.remat_time_limit)
-        if name == "before":
+        if name == "before" and before != "fused":
             prepared.context = _before_calls
         measured, _ = measure(prepared, work, settings, {"torch": reference})
         measured["peak_over_budget"] = measured["peak_act_bytes"] / budget

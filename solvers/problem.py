@@ -165,6 +165,9 @@ class Plan:
     needs them; ``solvers.analysis.transfers``): a storage is either kept or offloaded, never both.
     ``refreshed`` (multiple recomputation, ``solvers.peak.multiple_recompute``): recomputed values made again in
     each backward step that needs them instead of held; priced once per time made.
+    ``fused``: recomputed values the planner kept and the compiler's pass moved to recompute,
+    because Inductor fuses their recompute into their backward readers for free
+    (``remat_pass.planning.fused_free``); a subset of ``recomputed``.
     Invalid plans cannot be built: see ``check``.
     """
 
@@ -181,6 +184,7 @@ class Plan:
     offloaded: frozenset[int] = frozenset()
     host_budget_bytes: int | None = None
     refreshed: frozenset[int] = frozenset()
+    fused: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         # Plain strings are accepted (a plan read back from JSON); an unknown one is a ValueError.
@@ -203,6 +207,8 @@ class Plan:
         self._check_offloaded()
         if self.refreshed:
             self._check_refreshed()
+        if not self.fused <= self.recomputed:
+            raise ValueError(f"fused values that are not recomputed: {sorted(values[i].name for i in self.fused - self.recomputed)[:10]}")
         have = self.kept | self.recomputed | self.offloaded
         needed = set(self.problem.backward_reads)
         for i in self.recomputed:
@@ -310,6 +316,9 @@ class Plan:
         ]
         if self.refreshed:
             lines.append(f"  refreshed       {len(self.refreshed)} recomputed values made again per backward step")
+        if self.fused:
+            lines.append(f"  fused           {len(self.fused)} of them kept by the planner, recomputed because Inductor "
+                         "fuses them into their readers")
         if self.offloaded:
             lines.append(f"  offloaded       {format_bytes(self.offloaded_bytes)} to host memory in {len(self.offloaded)} "
                          f"values, ~{self.exposed_transfer_seconds * 1e3:.3f} ms of transfer not hidden by compute")
@@ -388,6 +397,7 @@ class Plan:
             "recomputed": [entry(i) for i in sorted(self.recomputed)],
             "offloaded": [entry(i) for i in sorted(self.offloaded)],
             "refreshed": [entry(i) | {"times": self._materializations[i]} for i in sorted(self.refreshed)],
+            "fused": [entry(i) for i in sorted(self.fused)],
             "per_module": [dataclasses.asdict(row) for row in self.per_module(depth)],
         }
 

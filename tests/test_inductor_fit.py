@@ -36,6 +36,7 @@ class FakePlan:
     kept: frozenset[int] = frozenset()
     offloaded: frozenset[int] = frozenset()
     refreshed: frozenset[int] = field(default_factory=frozenset)
+    fused: frozenset[int] = field(default_factory=frozenset)
     predicted_peak_bytes: int | None = None
 
     def __post_init__(self) -> None:

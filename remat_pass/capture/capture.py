@@ -43,12 +43,16 @@ class JointGraph:
     ``module``'s output node returns the ``num_fwd_outputs`` forward outputs (user outputs and
     updated buffers) followed by the gradients. ``partition_kwargs`` are the extra keyword
     arguments AOTAutograd passed; they go back unchanged when the graphs are extracted.
+    ``compiler`` is the inner compiler that will run the two graphs made of it ("eager" or
+    "inductor"): Inductor fuses what eager runs op by op, and planning reads which
+    (``planning.fused_free``).
     """
 
     module: fx.GraphModule
     num_fwd_outputs: int
     partition_kwargs: Mapping[str, Any] = field(default_factory=dict)
     step_inputs: StepInputs | None = field(default=None, repr=False, compare=False)
+    compiler: str = "eager"
 
 
 class StepInputs:
@@ -103,14 +107,15 @@ def _recording_inputs(compiling: _Compiling, compile_fn: Callable[..., Any]) -> 
     return backend
 
 
-def _partition_fn(handler: JointGraphHandler, compiling: _Compiling) -> Callable[..., tuple[fx.GraphModule, fx.GraphModule]]:
+def _partition_fn(handler: JointGraphHandler, compiling: _Compiling,
+                  compiler: str = "eager") -> Callable[..., tuple[fx.GraphModule, fx.GraphModule]]:
     """Adapt a handler to AOTAutograd's ``partition_fn(joint, joint_inputs, *, num_fwd_outputs, ...)``."""
 
     def partition(
         joint_module: fx.GraphModule, _joint_inputs: Any, *, num_fwd_outputs: int, **kwargs: Any
     ) -> tuple[fx.GraphModule, fx.GraphModule]:
         kwargs.pop("compiler", None)
-        return handler(JointGraph(joint_module, num_fwd_outputs, dict(kwargs), compiling.inputs))
+        return handler(JointGraph(joint_module, num_fwd_outputs, dict(kwargs), compiling.inputs, compiler))
 
     return partition
 
@@ -135,7 +140,7 @@ class _InductorPartitioner(PartitionerBase):  # type: ignore[misc,valid-type]
     """Our partition function in the shape Inductor accepts as ``custom_partitioner_fn``."""
 
     def __init__(self, handler: JointGraphHandler, compiling: _Compiling) -> None:
-        self._partition = _partition_fn(handler, compiling)
+        self._partition = _partition_fn(handler, compiling, "inductor")
 
     def __call__(self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any):
         return self._partition(gm, joint_inputs, **kwargs)

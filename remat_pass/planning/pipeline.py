@@ -34,6 +34,7 @@ from .budget import Budget
 from ..capture.capture import JointGraph
 from ..annotate.costs import CostModel, DeviceProfile
 from ..errors import RematError
+from .fused_free import recompute_fused_free
 from .progress import solving
 from ..rewrite.rewrite import rewrite
 from ..rewrite.simulate import simulate
@@ -436,6 +437,7 @@ def plan_joint_graph(joint: JointGraph, options: PlanOptions) -> PlannedGraph:
     annotated = annotate(joint, options.device, free_inputs=options.free_inputs, costs=options.costs,
                          scratch_store=store)
     planned = plan_problem(annotated.problem, options)
+    planned = replace(planned, plan=as_compiled(annotated, planned.plan))
     forward, backward = rewrite(annotated, planned.plan)
     result = reconcile(annotated, options, planned, forward, backward)
     plan = result.plan
@@ -445,6 +447,12 @@ def plan_joint_graph(joint: JointGraph, options: PlanOptions) -> PlannedGraph:
         plan.keep_all_bytes, len(plan.recomputed), result.graph_peak_bytes, plan.solver, describe_status(plan),
     )
     return result
+
+
+def as_compiled(annotated: AnnotatedGraph, plan: Plan) -> Plan:
+    """The plan for the program that runs: under Inductor, what it fuses for free is recomputed
+    rather than kept (``fused_free``); under eager, the plan as made."""
+    return recompute_fused_free(annotated, plan) if annotated.joint.compiler == "inductor" else plan
 
 
 def describe_status(plan: Plan) -> str:
@@ -471,7 +479,8 @@ def reconcile(annotated: AnnotatedGraph, options: PlanOptions, planned: Planned,
                     simulated, plan.budget_bytes, max(margin, 1))
         tighter = replace(options, budget=Budget(nbytes=max(plan.budget_bytes - max(margin, 1), 1)),
                           budget_kind=BudgetKind.PEAK)
-        plan = replace(plan_problem(annotated.problem, tighter).plan, budget_bytes=plan.budget_bytes)
+        plan = replace(as_compiled(annotated, plan_problem(annotated.problem, tighter).plan),
+                       budget_bytes=plan.budget_bytes)
         forward, backward = rewrite(annotated, plan)
         simulated = simulate(forward, backward).peak_bytes
     if plan.budget_kind == BudgetKind.PEAK and plan.budget_bytes is not None and simulated > plan.budget_bytes:
@@ -487,5 +496,5 @@ def reconcile(annotated: AnnotatedGraph, options: PlanOptions, planned: Planned,
 __all__ = [
     "DEFAULT_BUDGET", "DEFAULT_TIME_LIMIT", "FAST_TIME_LIMIT", "BudgetKind", "LossFn", "OnInfeasible", "PlanOptions", "Planned", "PlannedGraph",
     "ResolvedBudget", "TracedStep", "as_inputs", "merge_problems", "plan_joint_graph", "plan_problem", "planning_effort", "reconcile",
-    "describe_piece", "describe_status", "resolve_budget", "resolve_budget_kind", "trace_step", "with_headroom", "without_headroom",
+    "as_compiled", "describe_piece", "describe_status", "resolve_budget", "resolve_budget_kind", "trace_step", "with_headroom", "without_headroom",
 ]

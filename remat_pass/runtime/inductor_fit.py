@@ -165,7 +165,9 @@ def fit_peak(compile_at: CompileAt, inputs: Sequence[Any], *, attempts: int = AT
         logger.info("peak budget %d: plan asked for %d bytes (unfused model: %s) measures %d bytes compiled "
                     "by Inductor (%.3f of the budget)", target, this, plan.predicted_peak_bytes,
                     measured, measured / target)
-        if target * (1 - tolerance) <= measured <= target or (measured <= target and not plan.recomputed):
+        # A plan that recomputes nothing but what Inductor fuses for free (``Plan.fused``) is
+        # keep-all for this program: more budget cannot make it cheaper.
+        if target * (1 - tolerance) <= measured <= target or (measured <= target and plan.recomputed <= plan.fused):
             break
         if measured > target:
             bracket.ceiling = this if bracket.ceiling is None else min(bracket.ceiling, this)
