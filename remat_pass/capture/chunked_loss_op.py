@@ -7,6 +7,9 @@ computes ``F.cross_entropy(chain(F.linear(hidden, weight, bias)), target, ...)``
 tokens at a time, so at most one chunk's logits are alive; it saves nothing but its inputs, and
 its backward op (``remat_pass::chunked_linear_cross_entropy_backward``) recomputes each chunk's
 logits (Cut Cross-Entropy's trade: one more head matmul for the logits' memory).
+``remat_pass::chunked_linear_cross_entropy_with_gradients`` instead computes the gradients with
+the loss, in forward, each chunk's logits made once (Liger's fused linear cross-entropy: no extra
+matmul; the head weight's gradient held until backward, which only scales it).
 
 Every chunk is PyTorch's own ``F.linear`` + chain + ``F.cross_entropy`` with ``reduction="sum"``
 (or ``"none"``), so label smoothing, ``ignore_index`` and class weights keep PyTorch's semantics;
