@@ -520,3 +520,22 @@ def test_a_chunk_has_enough_rows_for_the_head_to_run_at_its_rate() -> None:
     assert chunk_rows(chunk_for_budget(2**40), row, 1024) == 256
     with pytest.raises(ValueError, match="min_rows"):
         ChunkLoss(min_rows=0)
+
+
+def test_no_gradients_are_computed_in_forward_for_a_step_without_backward() -> None:
+    """Logits that do not require grad (a step traced under no_grad) ask for no gradients: the loss
+    is chunked with the plain op, which computes the loss alone; a frozen head asks for none of its own."""
+    from remat_pass.capture.loss_chunking import _gradients_needed
+
+    weight = torch.randn(8, 4, requires_grad=True)
+    hidden = torch.randn(3, 4, requires_grad=True)
+    with torch.no_grad():
+        evaluated = F.linear(hidden, weight)
+    assert _gradients_needed(hidden, weight, None, evaluated) == (False, False)
+    assert _gradients_needed(hidden, weight, None, F.linear(hidden, weight)) == (True, True)
+    frozen = weight.detach()
+    assert _gradients_needed(hidden, frozen, None, F.linear(hidden, frozen)) == (True, False)
+    with torch.no_grad():
+        loss = remat_pass.optimize(TinyLM(vocab=2048), chunk_loss=ChunkLoss(2048 * 4 * 16, min_rows=1),
+                                   plan_cache=False)(*_inputs(vocab=2048, batch=2, seq=64))
+    assert loss.ndim == 0 and not loss.requires_grad

@@ -372,7 +372,7 @@ def _planned(ce: fx.Node, config: ChunkLoss) -> _Planned | None:
     row_bytes = vocab * torch.empty((), dtype=chain_dtype(match.chain, hidden_val.dtype)).element_size()
     rows = chunk_rows(config, row_bytes, tokens)
     bias_val = _val(_bias(linear))
-    grads = _gradients_needed(hidden_val, weight_val, bias_val)
+    grads = _gradients_needed(hidden_val, weight_val, bias_val, logits_val)
     in_forward = config.gradients is LossGradients.IN_FORWARD and arguments["reduction"] != "none" and any(grads)
     held = 0
     if in_forward:
@@ -425,9 +425,13 @@ def _chunk_one(graph: fx.Graph, ce: fx.Node, config: ChunkLoss) -> ChunkedRegion
     return region
 
 
-def _gradients_needed(hidden: torch.Tensor, weight: torch.Tensor, bias: Any) -> tuple[bool, bool]:
+def _gradients_needed(hidden: torch.Tensor, weight: torch.Tensor, bias: Any, logits: torch.Tensor) -> tuple[bool, bool]:
     """(the hidden states', the head's) gradients: what autograd will ask the loss for, read from
-    Dynamo's example values (a frozen head, or a loss traced under ``no_grad``, needs none)."""
+    Dynamo's example values. A frozen head needs none of its own; logits that do not require grad
+    (a step traced under ``no_grad``: an evaluation) need none at all, and computing them in
+    forward would be wasted matmuls."""
+    if not logits.requires_grad:
+        return False, False
     head = weight.requires_grad or (isinstance(bias, torch.Tensor) and bias.requires_grad)
     return bool(hidden.requires_grad), bool(head)
 
