@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+from typing import Callable
 
 import pytest
 import torch
@@ -16,7 +17,7 @@ from remat_pass import BudgetInfeasibleError, ChunkLoss
 from remat_pass.capture.capture import capture
 from remat_pass.capture.chunked_loss_op import (apply_chain, chunked_linear_cross_entropy,
                                                 chunked_linear_cross_entropy_with_gradients)
-from remat_pass.capture.loss_chunking import LossGradients, chunked_regions
+from remat_pass.capture.loss_chunking import LossGradients, chunk_losses, chunked_regions
 from remat_pass.runtime.measure import peak_activation_bytes
 from remat_pass.tools.explain import explain
 
@@ -326,10 +327,7 @@ def test_peak_budget_below_the_unchunked_minimum_fits_by_chunking() -> None:
     torch.manual_seed(0)
     vocab = 2048
     model, inputs = TinyLM(vocab=vocab, hidden=16), _inputs(vocab=vocab, batch=2, seq=64)
-    with pytest.raises(BudgetInfeasibleError) as refused:
-        remat_pass.optimize(copy.deepcopy(model), budget="1KiB", budget_kind="peak", chunk_loss=False,
-                            example_inputs=inputs, plan_cache=False)
-    unchunked_min = refused.value.min_bytes
+    unchunked_min = _whole_loss_floor(model, inputs)
     budget = int(unchunked_min * 0.6)
     chunked = remat_pass.optimize(copy.deepcopy(model), budget=budget, budget_kind="peak",
                                   chunk_loss=None, plan_cache=False)
@@ -426,30 +424,16 @@ def test_the_inductor_fit_chunks_a_loss_it_cannot_fit_whole(monkeypatch) -> None
     within the budget with eager's gradients."""
     from remat_pass.runtime import dynamo_backend
 
-    fits = []
+    fits, budgets = [], []
 
     def refuse(compile_at, inputs, **options):
         fits.append(compile_at)
+        budget = budgets[0]
         raise BudgetInfeasibleError(budget, 2 * budget, 4 * budget, kind="peak")
 
     monkeypatch.setattr(dynamo_backend, "fit_peak", refuse)
-    torch.manual_seed(0)
-    vocab = 2048
-    model, inputs = TinyLM(vocab=vocab, hidden=16), _inputs(vocab=vocab, batch=2, seq=64)
-    with pytest.raises(BudgetInfeasibleError) as refused:
-        remat_pass.optimize(copy.deepcopy(model), budget="1KiB", budget_kind="peak", chunk_loss=False,
-                            example_inputs=inputs, plan_cache=False)
-    budget = int(refused.value.min_bytes * 0.6)
-    expected = _step(model, inputs)
-    backend = remat_pass.backend(budget=budget, budget_kind="peak", plan_cache=False)
-    assert backend.fits_compiled_peak
-    fitted = copy.deepcopy(model)
-    compiled = torch.compile(fitted, backend=backend)
-    assert _measured_peak(lambda *x: compiled(*x), inputs, fitted) <= budget
+    _fit_under(0.6, budgets.append)
     assert len(fits) == 2  # the whole loss, then the loss chunked
-    (plan,) = backend.plans
-    assert "loss chunked" in plan.problem.notes[0]
-    _assert_compiled_step_close(compiled, fitted, inputs, expected)
 
 
 @pytest.mark.slow
@@ -457,15 +441,29 @@ def test_the_inductor_fit_chunks_a_loss_it_cannot_fit_whole(monkeypatch) -> None
 def test_the_inductor_fit_chunks_for_real() -> None:
     """As above with Inductor compiling: a quarter of the whole loss's unfused minimum is below what
     Inductor's fused whole loss measures (0.43 of it, 2026-12-06), and within it chunked."""
-    torch.manual_seed(0)
-    vocab = 2048
-    model, inputs = TinyLM(vocab=vocab, hidden=16), _inputs(vocab=vocab, batch=2, seq=64)
+    _fit_under(0.25)
+
+
+def _whole_loss_floor(model: nn.Module, inputs: tuple[torch.Tensor, ...]) -> int:
+    """The lowest peak budget ``optimize`` names for ``model``'s step with the loss whole."""
     with pytest.raises(BudgetInfeasibleError) as refused:
         remat_pass.optimize(copy.deepcopy(model), budget="1KiB", budget_kind="peak", chunk_loss=False,
                             example_inputs=inputs, plan_cache=False)
-    budget = int(refused.value.min_bytes * 0.25)
+    return refused.value.min_bytes
+
+
+def _fit_under(fraction: float, told: Callable[[int], None] = lambda budget: None) -> None:
+    """The default backend (the Inductor fit) on a 2048-vocabulary TinyLM at ``fraction`` of its
+    whole loss's floor (``told`` before compiling): the step measures within the budget, its one plan
+    chunks the loss, its loss and gradients are eager's."""
+    torch.manual_seed(0)
+    vocab = 2048
+    model, inputs = TinyLM(vocab=vocab, hidden=16), _inputs(vocab=vocab, batch=2, seq=64)
+    budget = int(_whole_loss_floor(model, inputs) * fraction)
+    told(budget)
     expected = _step(model, inputs)
     backend = remat_pass.backend(budget=budget, budget_kind="peak", plan_cache=False)
+    assert backend.fits_compiled_peak
     fitted = copy.deepcopy(model)
     compiled = torch.compile(fitted, backend=backend)
     assert _measured_peak(lambda *x: compiled(*x), inputs, fitted) <= budget
@@ -535,7 +533,17 @@ def test_no_gradients_are_computed_in_forward_for_a_step_without_backward() -> N
     assert _gradients_needed(hidden, weight, None, F.linear(hidden, weight)) == (True, True)
     frozen = weight.detach()
     assert _gradients_needed(hidden, frozen, None, F.linear(hidden, frozen)) == (True, False)
-    with torch.no_grad():
-        loss = remat_pass.optimize(TinyLM(vocab=2048), chunk_loss=ChunkLoss(2048 * 4 * 16, min_rows=1),
-                                   plan_cache=False)(*_inputs(vocab=2048, batch=2, seq=64))
-    assert loss.ndim == 0 and not loss.requires_grad
+    chosen = []
+
+    def record(gm, example_inputs):  # a Dynamo backend: chunk Dynamo's graph, note the op, run it
+        chunk_losses(gm, ChunkLoss(2048 * 4 * 16, min_rows=1))
+        chosen.extend(n.target for n in gm.graph.nodes if "chunked_linear" in str(n.target))
+        return gm.forward
+
+    model, inputs = TinyLM(vocab=2048), _inputs(vocab=2048, batch=2, seq=64)
+    for grad_mode in (torch.no_grad, torch.enable_grad):
+        torch._dynamo.reset()
+        with grad_mode():
+            torch.compile(model, backend=record)(*inputs)
+    assert chosen == [torch.ops.remat_pass.chunked_linear_cross_entropy.default,
+                      torch.ops.remat_pass.chunked_linear_cross_entropy_with_gradients.default]

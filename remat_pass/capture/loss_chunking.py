@@ -218,10 +218,7 @@ def copied(gm: fx.GraphModule) -> fx.GraphModule:
 
 def chunkable(gm: fx.GraphModule) -> bool:
     """Whether ``chunk_losses`` would rewrite any loss of ``gm``. Nothing is changed."""
-    if any(node.target in _AUTOCAST for node in gm.graph.nodes):
-        return False
-    return any(node.op == "call_function" and node.target is F.cross_entropy and _match(node) is not None
-               for node in gm.graph.nodes)
+    return bool(_regions(gm, ChunkLoss()))
 
 
 def would_split(gm: fx.GraphModule, config: ChunkLoss) -> bool:
