@@ -81,8 +81,8 @@ class ChunkLoss:
     activations. At least 256 rows: below that the head's matmuls, and the weight gradient
     accumulated over chunks (read and written whole once per chunk), run far under their rate:
     measured on CPU at Gemma's 256000 vocabulary and hidden 512 (loss and gradients, fp32, against
-    eager's whole loss), 16-row chunks (what 16 MiB gives there) take 2.03x, 64 rows 1.25x, 256
-    rows 1.09x (``benchmarks/CHUNKED_LOSS.md``, section 7). ``min_rows=1`` lets ``chunk_bytes``
+    eager's whole loss), 16-row chunks (what 16 MiB gives there) take 2.05x, 64 rows 1.19x, 256
+    rows 1.00x (``benchmarks/CHUNKED_LOSS.md``, section 7). ``min_rows=1`` lets ``chunk_bytes``
     alone decide.
     """
 
