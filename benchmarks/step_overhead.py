@@ -14,7 +14,9 @@ change replaced put back (``before``), so that drift on a shared machine hits al
 
 The third is a planning behaviour, the first two per-call ones; ``--before calls`` keeps only the
 per-call ones (the plan the same as ``after``'s); ``--before fused`` puts back only what
-``planning.fused_free`` changed (values Inductor recomputes for free kept, as eager's plan). Each row's peak over the budget and gradients
+``planning.fused_free`` changed (values Inductor recomputes for free kept, as eager's plan);
+``--before prices`` plans with every recompute priced as a kernel of its own (the roofline of the
+unfused program) instead of fused into its reader (``annotate.fused_costs``). Each row's peak over the budget and gradients
 against the incumbent's are reported beside the times.
 
     python -m benchmarks.step_overhead --model gpt --model hf_gpt2 --points default,0.3 --rounds 15
@@ -42,7 +44,7 @@ from benchmarks.strategies import Prepared
 from benchmarks.vs_inductor import INNERS, MODELS, PRESETS, Settings, incumbent, measure, point_list, remat_step
 
 log = logging.getLogger(__name__)
-BEFORE = ("all", "calls", "fused")
+BEFORE = ("all", "calls", "fused", "prices")
 
 
 def _patched_per_call() -> contextlib.AbstractContextManager[None]:
@@ -110,10 +112,24 @@ def _keeping_fused_free() -> Iterator[None]:
         pipeline.recompute_fused_free = saved
 
 
+@contextlib.contextmanager
+def _unfused_prices() -> Iterator[None]:
+    """Plans as before ``annotate.fused_costs``: each recompute priced as a kernel of its own."""
+    from remat_pass.annotate import annotate
+
+    saved = annotate.fused_prices
+    annotate.fused_prices = lambda values, nodes, profile: tuple(values)
+    try:
+        yield
+    finally:
+        annotate.fused_prices = saved
+
+
 def _before(before: str) -> contextlib.AbstractContextManager[None]:
     if before == "all":
         return _before_planning()
-    return _keeping_fused_free() if before == "fused" else contextlib.nullcontext()
+    planning = {"fused": _keeping_fused_free, "prices": _unfused_prices}.get(before)
+    return planning() if planning is not None else contextlib.nullcontext()
 
 
 def run_point(spec: ModelSpec, point: str, settings: Settings, before: str, rounds: int,
@@ -129,7 +145,7 @@ def run_point(spec: ModelSpec, point: str, settings: Settings, before: str, roun
         planning = _before(before) if name == "before" else contextlib.nullcontext()
         with planning:
             prepared = remat_step(work, budget, "inductor", settings.remat_time_limit)
-        if name == "before" and before != "fused":
+        if name == "before" and before in ("all", "calls"):
             prepared.context = _before_calls
         measured, _ = measure(prepared, work, settings, {"torch": reference})
         measured["peak_over_budget"] = measured["peak_act_bytes"] / budget

@@ -38,6 +38,7 @@ from ..compat import is_symbolic as _is_symbolic
 from .dropout_replay import dropout_replay_sources, order_dropout_masks
 from .costs import AUTO, CostModel, DeviceProfile, parse_costs, pricing_profiles
 from .flops import node_flops as _flops
+from .fused_costs import fused_prices
 from ..capture.loss_chunking import chunked_regions, describe as describe_chunked
 from .backward_steps import backward_steps
 from .node_memory import bytes_moved as _bytes_moved
@@ -129,6 +130,8 @@ def annotate(joint: JointGraph, device: str | DeviceProfile = AUTO, *, free_inpu
         values.append(value)
         value_nodes.append(node)
 
+    if joint.compiler == "inductor":  # the program that runs fuses pointwise recomputes into their readers
+        values = list(fused_prices(values, value_nodes, profile))
     _pin_readers_of_mutated_inputs(graph, values, value_nodes)
     fill_module_attribution(values, value_nodes)
     tag_attention_core(values, ignored_storages={NO_STORAGE})

@@ -25,37 +25,19 @@ The pass only moves values from ``kept`` to ``recomputed``: the plan says what i
 from __future__ import annotations
 
 import logging
-import operator
 from dataclasses import replace
 
 import torch
 from torch import fx
 
 from remat_pass import solvers
-from remat_pass.solvers.problem import Plan, Problem, Value
+from remat_pass.solvers.problem import Plan, Problem
 from remat_pass.solvers.tags import Tag
 
 from ..annotate.annotate import BACKWARD, META_KEY, AnnotatedGraph
+from ..annotate.fused_costs import is_cheap_op
 
 logger = logging.getLogger(__name__)
-
-# Tags that make a value unsafe or pointless to run twice, whatever its op.
-_NEVER = frozenset({Tag.RANDOM, Tag.MUTATION, Tag.COLLECTIVE, Tag.DROPOUT_REPLAY, Tag.PIECE_INPUT})
-
-
-def is_cheap_op(node: fx.Node, value: Value) -> bool:
-    """A view, or a pointwise ATen op with no FLOPs: what Inductor inlines into its readers.
-
-    Factories with no input (``iota``) would be as free, but are left out on evidence: on the
-    built-in GPT with tied weights, recomputing the ``iota`` of the loss's backward changed the
-    embedding's gradient in the last bits against torch.compile's (the kernels summed it in
-    another order)."""
-    if node.op != "call_function" or value.flops or value.tags & _NEVER or not value.recomputable:
-        return False
-    if Tag.VIEW in value.tags:
-        return node.target is not operator.getitem  # a multi-output op's piece is that op's work
-    target = node.target
-    return isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags
 
 
 def free_values(annotated: AnnotatedGraph) -> frozenset[int]:
