@@ -38,6 +38,8 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import fx
 
+import remat_pass
+
 from benchmarks import cli, runner
 from benchmarks.models import ModelSpec, build
 from benchmarks.strategies import Prepared
@@ -45,6 +47,7 @@ from benchmarks.vs_inductor import INNERS, MODELS, PRESETS, Settings, incumbent,
 
 log = logging.getLogger(__name__)
 BEFORE = ("all", "calls", "fused", "prices")
+SIZES = ("layers", "hidden", "heads", "seq", "batch", "vocab")
 
 
 def _patched_per_call() -> contextlib.AbstractContextManager[None]:
@@ -141,10 +144,15 @@ def run_point(spec: ModelSpec, point: str, settings: Settings, before: str, roun
     budget = int(row["peak_act_bytes"])
     rows = {"torch": row}
     live: dict[str, Prepared] = {"torch": torch_row}
+    refused: dict[str, int] = {}
     for name in ("after", "before"):
         planning = _before(before) if name == "before" else contextlib.nullcontext()
-        with planning:
-            prepared = remat_step(work, budget, "inductor", settings.remat_time_limit)
+        try:
+            with planning:
+                prepared = remat_step(work, budget, "inductor", settings.remat_time_limit)
+        except remat_pass.BudgetInfeasibleError as error:
+            refused[name] = error.min_bytes  # a row of its own: the lowest peak found, no time
+            continue
         if name == "before" and before in ("all", "calls"):
             prepared.context = _before_calls
         measured, _ = measure(prepared, work, settings, {"torch": reference})
@@ -152,7 +160,8 @@ def run_point(spec: ModelSpec, point: str, settings: Settings, before: str, roun
         rows[name], live[name] = measured, prepared
     clock = time.thread_time if cpu_time else time.perf_counter
     times = runner.interleaved(live, rounds, torch.device(settings.device), clock)
-    out = []
+    out = [{"model": spec.label, "point": point, "row": name, "budget_bytes": budget, "refused_min_bytes": lowest}
+           for name, lowest in refused.items()]
     for name, row in rows.items():
         ratios = [t / r for t, r in zip(times[name], times["torch"])]
         out.append({"model": spec.label, "point": point, "row": name, "budget_bytes": budget,
@@ -170,6 +179,10 @@ def markdown(rows: Sequence[dict[str, Any]], command: str, wall: bool = False) -
              "grad: max |Δg| / max |g| against the torch row.", "", "| model | point | row | step ms (median) | × torch (median) | rounds faster "
              "| peak / budget | MFLOP | grad vs torch |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        if "refused_min_bytes" in r:
+            lines.append(f"| {r['model']} | {r['point']} | {r['row']} | refused: lowest peak found "
+                         f"{r['refused_min_bytes'] / r['budget_bytes']:.3f} of the budget | | | | | |")
+            continue
         over = f"{r['peak_over_budget']:.2f}" if r["peak_over_budget"] is not None else "–"
         grad = f"{r['grad_vs_torch']:.1e}" if isinstance(r["grad_vs_torch"], float) else "–"
         won = f"{r['rounds_won']}/{r['rounds']}" if r["row"] != "torch" else "–"
@@ -187,13 +200,15 @@ def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     parser.add_argument("--before", choices=BEFORE, default="all", help="what the before row puts back")
     parser.add_argument("--wall", action="store_true", help="time by the wall clock (default: the thread's CPU time)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out/step_overhead"))
+    for size in SIZES:
+        parser.add_argument(f"--{size}", type=int, help=f"model {size} (default: the CPU preset's)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     preset = PRESETS["cpu"]
     torch.set_num_threads(preset["threads"])
     settings = Settings(device="cpu", dtype="fp32", rounds=args.rounds, remat_time_limit=preset["remat_time_limit"],
                         inners=INNERS[:1])
-    sizes = {k: preset[k] for k in ("layers", "hidden", "heads", "seq", "batch", "vocab")}
+    sizes = {k: getattr(args, k) or preset[k] for k in SIZES}
     rows: list[dict[str, Any]] = []
     command = "python -m benchmarks.step_overhead " + " ".join(argv if argv is not None else sys.argv[1:])
     for kind in args.model or ["gpt", "hf_gpt2"]:

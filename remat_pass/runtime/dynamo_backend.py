@@ -204,7 +204,7 @@ class RematBackend:
             raise
         if fitting:
             if plan_identity(planned.plan) in self._fitting.seen:
-                raise SamePlan()
+                raise SamePlan(plan_identity(planned.plan))
             self._fitting.made.append(planned.plan)
         else:
             self._record(planned.plan)

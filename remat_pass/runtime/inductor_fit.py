@@ -52,7 +52,12 @@ TOLERANCE = 0.03
 
 
 class SamePlan(Exception):
-    """Raised by the planning side when a re-plan gives a plan already measured (nothing to compile)."""
+    """Raised by the planning side when a re-plan gives a plan already measured (nothing to
+    compile); ``identity`` is that plan's ``plan_identity``."""
+
+    def __init__(self, identity: tuple[frozenset[int], ...] | None = None) -> None:
+        super().__init__("the plan made at this budget was measured already")
+        self.identity = identity
 
 
 @dataclass(frozen=True)
@@ -133,18 +138,30 @@ def fit_peak(compile_at: CompileAt, inputs: Sequence[Any], *, attempts: int = AT
     1), kept inside the bracket the attempts so far proved: above the highest the planner refused
     or whose plan fitted, below the lowest whose plan measured over; outside it, the bracket's
     middle. The planner's own lowest peak (a refusal's ``min_bytes``) is a search result, not a
-    bound, so a refusal only moves the bracket's floor."""
+    bound, so a refusal only moves the bracket's floor. A budget whose plan is one already
+    measured (``SamePlan``: the unfused model predicts a plan that measured over the budget to fit
+    under the lower one too) moves the bracket as that measurement did, its ceiling to that plan's
+    predicted peak at most, and the search goes on: such an answer compiles nothing, so it is not
+    counted in ``attempts`` (compiles and refusals), but at most ``2 * attempts`` answers are taken."""
     candidates: list[Candidate] = []
     seen: set[tuple[frozenset[int], ...]] = set()
     bracket = _Bracket()
     asked: int | None = None
     target: int | None = None
     refusal: solvers.BudgetInfeasibleError | None = None
-    for _ in range(attempts):
+    spent = 0  # compiles and refusals
+    for _ in range(2 * attempts):
+        if spent >= attempts:
+            break
+        spent += 1
         try:
             compiled, plan = compile_at(asked, seen)
-        except SamePlan:
-            break
+        except SamePlan as same:
+            spent -= 1
+            asked = _after_same_plan(same, asked, candidates, target, bracket)
+            if asked is None:
+                break
+            continue
         except solvers.BudgetInfeasibleError as error:
             if error.kind != "peak":
                 raise
@@ -177,6 +194,24 @@ def fit_peak(compile_at: CompileAt, inputs: Sequence[Any], *, attempts: int = AT
         if asked is None:
             break
     return _choose(candidates, target, refusal, clamp)
+
+
+def _after_same_plan(same: SamePlan, asked: int | None, candidates: list[Candidate], target: int | None,
+                     bracket: "_Bracket") -> int | None:
+    """The next budget to ask after ``asked`` gave a plan measured before: the bracket moved as
+    that plan's measurement moved it (over the target: ``asked``, or the plan's predicted peak if
+    lower, is a ceiling; within: a floor);
+    None to stop (nothing known of the plan, or no room left)."""
+    before = next((c for c in candidates if plan_identity(c.plan) == same.identity), None)
+    if before is None or asked is None or target is None:
+        return None
+    if before.measured_bytes > target:
+        # Any budget above the plan's own predicted peak gets that plan again: ask below it.
+        below = min(asked, before.plan.predicted_peak_bytes or asked)
+        bracket.ceiling = below if bracket.ceiling is None else min(bracket.ceiling, below)
+    else:
+        bracket.floor = max(bracket.floor, asked)
+    return bracket.inside(None)
 
 
 @dataclass
