@@ -120,12 +120,12 @@ def _unfused_prices() -> Iterator[None]:
     """Plans as before ``annotate.fused_costs``: each recompute priced as a kernel of its own."""
     from remat_pass.annotate import annotate
 
-    saved = annotate.fused_prices
-    annotate.fused_prices = lambda values, nodes, profile: tuple(values)
+    saved = annotate.fused_recompute_prices
+    annotate.fused_recompute_prices = lambda values, nodes, profile: tuple(values)
     try:
         yield
     finally:
-        annotate.fused_prices = saved
+        annotate.fused_recompute_prices = saved
 
 
 def _before(before: str) -> contextlib.AbstractContextManager[None]:

@@ -38,7 +38,7 @@ from ..compat import is_symbolic as _is_symbolic
 from .dropout_replay import dropout_replay_sources, order_dropout_masks
 from .costs import AUTO, CostModel, DeviceProfile, parse_costs, pricing_profiles
 from .flops import node_flops as _flops
-from .fused_costs import fused_prices
+from .fused_costs import fused_recompute_prices
 from ..capture.loss_chunking import chunked_regions, describe as describe_chunked
 from .backward_steps import backward_steps
 from .node_memory import bytes_moved as _bytes_moved
@@ -92,7 +92,8 @@ class AnnotatedGraph:
 
 
 def annotate(joint: JointGraph, device: str | DeviceProfile = AUTO, *, free_inputs: bool = True,
-             costs: str = CostModel.ROOFLINE, scratch_store: Path | None = None) -> AnnotatedGraph:
+             costs: str = CostModel.ROOFLINE, scratch_store: Path | None = None,
+             fused_prices: bool = True) -> AnnotatedGraph:
     """Annotate every node of ``joint`` in place (``meta["remat"]``) and build the Problem.
 
     Parameters and buffers are always available at no cost. ``free_inputs`` says the same of
@@ -102,6 +103,8 @@ def annotate(joint: JointGraph, device: str | DeviceProfile = AUTO, *, free_inpu
     value (it can be kept, never recomputed: its producer is in another graph). ``costs`` prices
     ops (``costs.CostModel``: the roofline, FLOPs alone, or times measured by ``op_timing``).
     ``scratch_store``: a directory where kernel scratch measurements persist (``scratch.kernel_scratch``).
+    ``fused_prices``: for a graph Inductor compiles, price a pointwise recompute fused into its
+    reader (``fused_costs``); False prices every op as a kernel of its own, as for eager.
     """
     graph = joint.module.graph
     where, profile = pricing_profiles(device, costs, tensors_on=_step_device(graph))
@@ -130,8 +133,8 @@ def annotate(joint: JointGraph, device: str | DeviceProfile = AUTO, *, free_inpu
         values.append(value)
         value_nodes.append(node)
 
-    if joint.compiler == "inductor":  # the program that runs fuses pointwise recomputes into their readers
-        values = list(fused_prices(values, value_nodes, profile))
+    if fused_prices and joint.compiler == "inductor":  # the program that runs fuses pointwise recomputes
+        values = list(fused_recompute_prices(values, value_nodes, profile))
     _pin_readers_of_mutated_inputs(graph, values, value_nodes)
     fill_module_attribution(values, value_nodes)
     tag_attention_core(values, ignored_storages={NO_STORAGE})

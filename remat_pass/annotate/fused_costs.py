@@ -93,7 +93,7 @@ def fused_seconds(node: fx.Node, profile: DeviceProfile) -> float:
     return extra / profile.bytes_per_second + TIE_BREAK_SHARE * profile.launch_overhead_seconds
 
 
-def fused_prices(values: Sequence[Value], nodes: Sequence[fx.Node], profile: DeviceProfile) -> tuple[Value, ...]:
+def fused_recompute_prices(values: Sequence[Value], nodes: Sequence[fx.Node], profile: DeviceProfile) -> tuple[Value, ...]:
     """``values`` with every cheap op (``is_cheap_op``) that no extern kernel reads priced as a
     recompute fused into its reader (``fused_seconds``) rather than as a kernel of its own."""
     priced = []
@@ -105,4 +105,4 @@ def fused_prices(values: Sequence[Value], nodes: Sequence[fx.Node], profile: Dev
     return tuple(priced)
 
 
-__all__ = ["TIE_BREAK_SHARE", "fused_prices", "fused_seconds", "is_cheap_op", "read_by_extern_kernel"]
+__all__ = ["TIE_BREAK_SHARE", "fused_recompute_prices", "fused_seconds", "is_cheap_op", "read_by_extern_kernel"]
