@@ -219,3 +219,25 @@ def test_a_budget_inductor_cannot_be_fitted_to_runs_eager_when_inductor_was_only
     asked = remat_pass.backend(budget="10MB", inner="inductor")
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="BudgetInfeasibleError"):
         run_step(model, torch.compile(model, backend=asked), inputs, loss_fn)
+
+
+def test_where_no_plan_priced_for_the_fused_program_fits_plans_priced_unfused_are_fitted(monkeypatch):
+    """The first fit plans with recomputes priced fused into their readers; where it refuses, a
+    second fit plans with every recompute priced as a kernel of its own; a refusal of both names
+    the lower of their lowest measured peaks."""
+    from remat_pass.runtime import dynamo_backend
+
+    priced_fused: list[bool] = []
+
+    def refuse(compile_at, inputs, **options):
+        priced_fused.append(backend._options_now().fused_prices)
+        lowest = 2 * 10**6 if len(priced_fused) == 1 else 15 * 10**5
+        raise BudgetInfeasibleError(10**6, lowest, 3 * 10**6, kind="peak")
+
+    monkeypatch.setattr(dynamo_backend, "fit_peak", refuse)
+    model, inputs, loss_fn = make_case("mlp")
+    backend = remat_pass.backend(budget="1MB", inner="inductor", chunk_loss=False)
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="1500000 bytes"):
+        run_step(model, torch.compile(model, backend=backend), inputs, loss_fn)
+    assert priced_fused == [True, False]
+    assert backend._options_now().fused_prices  # the next graph starts priced fused again
