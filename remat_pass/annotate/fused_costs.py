@@ -85,9 +85,9 @@ def read_by_extern_kernel(node: fx.Node) -> bool:
 
 
 def fused_seconds(node: fx.Node, profile: DeviceProfile) -> float:
-    """The price of recomputing ``value`` fused into its reader: the bytes it reads beyond the
-    bytes its reader would have read (inputs that are available cost their read too: a weight a
-    broadcast multiplies by is read again), plus a share of a launch as a tie-break."""
+    """The price of recomputing ``node``'s value fused into its reader: the bytes it reads beyond
+    the bytes its reader would have read (inputs that are available cost their read too: a weight
+    a broadcast multiplies by is read again), plus a share of a launch as a tie-break."""
     read = sum(tensor_bytes(source.meta.get("val")) for source in node.all_input_nodes)
     extra = max(0, read - tensor_bytes(node.meta.get("val")))
     return extra / profile.bytes_per_second + TIE_BREAK_SHARE * profile.launch_overhead_seconds
