@@ -140,9 +140,7 @@ class PlanOptions:
     # The proof work (exact rows, the any-schedule bound) within time_limit, or none (the default:
     # planning_effort); planners without such work (the ILP, "fast", the baselines) ignore it.
     prove: bool = False
-    # Under Inductor, recomputes are priced fused into their readers (annotate.fused_costs); False
-    # prices each as a kernel of its own, as for eager (the Inductor fit's second try).
-    fused_prices: bool = True
+    fused_prices: bool = True  # under Inductor, recompute priced fused into readers (annotate.fused_costs)
 
 
 # --- the budget -------------------------------------------------------------------------------
@@ -438,8 +436,7 @@ def plan_joint_graph(joint: JointGraph, options: PlanOptions) -> PlannedGraph:
     started = time.perf_counter()
     store = getattr(options.plan_cache, "scratch_directory", None)  # beside the plans, where they are cached
     annotated = annotate(joint, options.device, free_inputs=options.free_inputs, costs=options.costs,
-                         fused_prices=options.fused_prices,
-                         scratch_store=store)
+                         fused_prices=options.fused_prices, scratch_store=store)
     planned = plan_problem(annotated.problem, options)
     planned = replace(planned, plan=as_compiled(annotated, planned.plan))
     forward, backward = rewrite(annotated, planned.plan)
@@ -492,8 +489,7 @@ def reconcile(annotated: AnnotatedGraph, options: PlanOptions, planned: Planned,
             f"internal error: the rewritten graphs peak at {simulated} bytes, over the {plan.budget_bytes}-byte "
             f"budget (plan-level prediction {plan.predicted_peak_bytes}); please report it"
         )
-    if simulated != plan.predicted_peak_bytes:
-        logger.debug("graph-level peak %d vs plan-level %s", simulated, plan.predicted_peak_bytes)
+    logger.debug("graph-level peak %d vs plan-level %s", simulated, plan.predicted_peak_bytes)
     return PlannedGraph(plan, planned.budget, forward, backward, simulated, annotated)
 
 
