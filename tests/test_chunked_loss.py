@@ -433,7 +433,7 @@ def test_the_inductor_fit_chunks_a_loss_it_cannot_fit_whole(monkeypatch) -> None
 
     monkeypatch.setattr(dynamo_backend, "fit_peak", refuse)
     _fit_under(0.6, budgets.append)
-    assert len(fits) == 2  # the whole loss, then the loss chunked
+    assert len(fits) == 3  # the whole loss priced fused, then priced unfused, then the loss chunked
 
 
 @pytest.mark.slow
