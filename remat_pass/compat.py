@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import os
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import torch
@@ -168,6 +169,16 @@ try:  # Inductor type-checks custom partitioners against this base class (torch 
     from torch._inductor.custom_graph_pass import CustomPartitionerFn as PartitionerBase
 except ImportError:  # older torch: no custom partitioner support at all (see has_custom_partitioner)
     PartitionerBase = object  # type: ignore[misc,assignment]
+
+
+def inductor_cache_dir() -> str:
+    """Where Inductor keeps its compiled kernels on disk (``TORCHINDUCTOR_CACHE_DIR`` or its
+    default), to name in an error; "its cache directory" where this torch does not say."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:
+        return os.environ.get("TORCHINDUCTOR_CACHE_DIR", "its cache directory")
+    return os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir()  # cache_dir() would create it
 
 
 def has_custom_partitioner() -> bool:
@@ -335,7 +346,7 @@ def _allocator_trace_events(trace: list[dict[str, Any]]) -> list[tuple[int, int,
 
 __all__ = [
     "PartitionerBase", "allocator_events", "autograd_inside_kernel", "concrete_int", "cuda_allocator_events",
-    "extract_fwd_bwd_modules", "fake_tensor_mode", "forget_compiled", "has_custom_partitioner", "is_fake", "is_symbolic",
+    "extract_fwd_bwd_modules", "fake_tensor_mode", "forget_compiled", "has_custom_partitioner", "inductor_cache_dir", "is_fake", "is_symbolic",
     "real_tensors", "recompile_limit", "recompile_limit_errors",
     "use_boxed_codegen",
 ]

@@ -241,3 +241,28 @@ def test_where_no_plan_priced_for_the_fused_program_fits_plans_priced_unfused_ar
         run_step(model, torch.compile(model, backend=backend), inputs, loss_fn)
     assert priced_fused == [True, False]
     assert backend._options_now().fused_prices  # the next graph starts priced fused again
+
+
+def test_a_compile_that_fails_inside_inductor_is_named_as_inductors_not_as_a_remat_pass_bug():
+    """Two processes writing one Inductor cache gave ``ImportError: ...so: file too short``, which
+    was reported as "a remat_pass bug". A failure raised inside torch._inductor names Inductor, its
+    cache directory and the way around it; anything else is still ours to fix."""
+    import os
+
+    from remat_pass.runtime.api import backend_failure
+
+    inductor_file = os.path.join(os.path.dirname(torch.__file__), "_inductor", "codecache.py")
+    code = compile("def load():\n    raise ImportError('main.so: file too short')\n", inductor_file, "exec")
+    namespace: dict = {}
+    exec(code, namespace)
+    try:
+        namespace["load"]()
+    except ImportError as error:
+        inductor = backend_failure(error)
+    try:
+        raise ValueError("a planner's own bug")
+    except ValueError as error:
+        ours = backend_failure(error)
+    assert "Inductor failed" in str(inductor) and "TORCHINDUCTOR_CACHE_DIR" in str(inductor)
+    assert "remat_pass bug" not in str(inductor)
+    assert "remat_pass bug" in str(ours)

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -30,7 +32,7 @@ from remat_pass.solvers.problem import Plan
 from ..planning.budget import parse_budget
 from ..capture.capture import capture_failure
 from ..capture.capture_errors import CaptureCause
-from ..compat import checkpoint_side_effects_run_once, recompile_limit, recompile_limit_errors
+from ..compat import checkpoint_side_effects_run_once, inductor_cache_dir, recompile_limit, recompile_limit_errors
 from ..annotate.costs import CostModel, DeviceProfile, model_profile
 from .distributed import reject_wrapped_model
 from .dynamo_backend import RematBackend
@@ -214,10 +216,7 @@ class RematModule(nn.Module):
             cause = getattr(error, "inner_exception", None) or error.__cause__
             if isinstance(cause, RematError):
                 raise cause.with_traceback(cause.__traceback__) from None
-            raise RematError(
-                f"planning or rewriting the captured graph failed: {type(cause).__name__}: {cause}. "
-                "This is a remat_pass bug; please report it with the model."
-            ) from error
+            raise backend_failure(cause) from error
         except torch._dynamo.exc.TorchDynamoException as error:
             raise _with_fullgraph_hint(capture_failure(error), self._settings.fullgraph) from error
         except _RECOMPILE_LIMIT_HIT as error:  # not a TorchDynamoException
@@ -276,6 +275,29 @@ class RematModule(nn.Module):
 
 # What a model does once, on its first call, that dynamo cannot trace; a warm-up forward does it.
 _FIRST_CALL_SETUP = frozenset({CaptureCause.LOCK, CaptureCause.HOOK_INSTALL})
+
+
+def raised_in_inductor(error: BaseException | None) -> bool:
+    """Whether the innermost frame of torch's own code that ``error`` passed through is Inductor's
+    (its code generation, its C++ compile, its on-disk cache), not remat_pass's."""
+    frames = traceback.extract_tb(error.__traceback__) if error is not None else []
+    torch_root = os.path.dirname(torch.__file__)
+    inside = [f.filename for f in frames if f.filename.startswith(torch_root)]
+    return bool(inside) and os.path.join(torch_root, "_inductor") in inside[-1]
+
+
+def backend_failure(cause: BaseException | None) -> RematError:
+    """The error for a graph compile that failed outside remat_pass's own checks: Inductor's, with
+    what usually causes it and the way around it; anything else, a remat_pass bug to report."""
+    what = f"{type(cause).__name__}: {cause}"
+    if raised_in_inductor(cause):
+        return RematError(
+            f"Inductor failed compiling the rewritten graphs: {what}. If it names a file in Inductor's "
+            f"on-disk cache ({inductor_cache_dir()}), another process may have written that file at the same "
+            "time: run again, or give each process its own TORCHINDUCTOR_CACHE_DIR. inner='eager' runs the "
+            "graphs without Inductor.")
+    return RematError(f"planning or rewriting the captured graph failed: {what}. This is a remat_pass bug; "
+                      "please report it with the model.")
 
 
 def _is_first_call_setup(error: CaptureError) -> bool:
