@@ -251,18 +251,24 @@ def test_a_compile_that_fails_inside_inductor_is_named_as_inductors_not_as_a_rem
 
     from remat_pass.runtime.api import backend_failure
 
-    inductor_file = os.path.join(os.path.dirname(torch.__file__), "_inductor", "codecache.py")
-    code = compile("def load():\n    raise ImportError('main.so: file too short')\n", inductor_file, "exec")
-    namespace: dict = {}
-    exec(code, namespace)
-    try:
-        namespace["load"]()
-    except ImportError as error:
-        inductor = backend_failure(error)
-    try:
-        raise ValueError("a planner's own bug")
-    except ValueError as error:
-        ours = backend_failure(error)
-    assert "Inductor failed" in str(inductor) and "TORCHINDUCTOR_CACHE_DIR" in str(inductor)
-    assert "remat_pass bug" not in str(inductor)
-    assert "remat_pass bug" in str(ours)
+    def defined_in(path: str, source: str) -> dict:
+        namespace: dict = {}
+        exec(compile(source, path, "exec"), namespace)
+        return namespace
+
+    inductor = defined_in(os.path.join(os.path.dirname(torch.__file__), "_inductor", "codecache.py"),
+                          "def load():\n    raise ImportError('main.so: file too short')\n"
+                          "def partition(ours):\n    return ours()\n")
+    ours = defined_in(os.path.join(os.path.dirname(remat_pass.__file__), "capture", "capture.py"),
+                      "def partition():\n    raise ValueError(\"a planner's own bug\")\n")
+    blamed = {}
+    for name, call in (("inductor", inductor["load"]), ("ours", lambda: inductor["partition"](ours["partition"])),
+                       ("elsewhere", lambda: ours["partition"]())):
+        try:
+            call()
+        except (ImportError, ValueError) as error:
+            blamed[name] = str(backend_failure(error))
+    assert "Inductor failed" in blamed["inductor"] and "TORCHINDUCTOR_CACHE_DIR" in blamed["inductor"]
+    assert "remat_pass bug" not in blamed["inductor"]
+    # Inductor calls our partitioner: an error raised in it is ours, Inductor's frames above it.
+    assert "remat_pass bug" in blamed["ours"] and "remat_pass bug" in blamed["elsewhere"]

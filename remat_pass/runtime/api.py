@@ -278,12 +278,14 @@ _FIRST_CALL_SETUP = frozenset({CaptureCause.LOCK, CaptureCause.HOOK_INSTALL})
 
 
 def raised_in_inductor(error: BaseException | None) -> bool:
-    """Whether the innermost frame of torch's own code that ``error`` passed through is Inductor's
-    (its code generation, its C++ compile, its on-disk cache), not remat_pass's."""
+    """Whether ``error`` came from Inductor (its code generation, its C++ compile, its on-disk
+    cache): a frame of ``torch._inductor`` below remat_pass's innermost frame. Inductor calls our
+    partitioner, so an error raised in remat_pass's own code has Inductor frames above it only."""
     frames = traceback.extract_tb(error.__traceback__) if error is not None else []
-    torch_root = os.path.dirname(torch.__file__)
-    inside = [f.filename for f in frames if f.filename.startswith(torch_root)]
-    return bool(inside) and os.path.join(torch_root, "_inductor") in inside[-1]
+    ours = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    inductor = os.path.join(os.path.dirname(torch.__file__), "_inductor")
+    below = max((i for i, frame in enumerate(frames) if frame.filename.startswith(ours)), default=-1) + 1
+    return any(frame.filename.startswith(inductor) for frame in frames[below:])
 
 
 def backend_failure(cause: BaseException | None) -> RematError:
