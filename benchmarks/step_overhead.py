@@ -33,7 +33,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
+from unittest import mock
 
 import torch
 from torch import fx
@@ -78,61 +79,25 @@ def _tagged_only(graph: fx.Graph, backward: set[fx.Node], num_fwd_outputs: int) 
     return {node for node in derived if "partitioner_tag" in node.meta}
 
 
-@contextlib.contextmanager
-def _before_calls() -> Iterator[None]:
+def _before_calls() -> contextlib.AbstractContextManager[Any]:
+    """The per-call behaviours as before: the flag set by ``config.patch``, every call bound."""
     from remat_pass.runtime import api
 
-    saved = api.checkpoint_side_effects_run_once, api.canonical
-    api.checkpoint_side_effects_run_once, api.canonical = _patched_per_call, _always_bound
-    try:
-        yield
-    finally:
-        api.checkpoint_side_effects_run_once, api.canonical = saved
+    return mock.patch.multiple(api, checkpoint_side_effects_run_once=_patched_per_call, canonical=_always_bound)
 
 
-@contextlib.contextmanager
-def _before_planning() -> Iterator[None]:
+def _before(before: str) -> contextlib.AbstractContextManager[Any]:
+    """The planning behaviour the ``before`` row puts back (the per-call ones: ``_before_calls``)."""
     from remat_pass.annotate import annotate
-
-    saved = annotate.derived_in_backward
-    annotate.derived_in_backward = _tagged_only
-    try:
-        yield
-    finally:
-        annotate.derived_in_backward = saved
-
-
-@contextlib.contextmanager
-def _keeping_fused_free() -> Iterator[None]:
-    """Plans as before ``planning.fused_free``: what Inductor would recompute for free is kept."""
     from remat_pass.planning import pipeline
 
-    saved = pipeline.recompute_fused_free
-    pipeline.recompute_fused_free = lambda annotated, plan: plan
-    try:
-        yield
-    finally:
-        pipeline.recompute_fused_free = saved
-
-
-@contextlib.contextmanager
-def _unfused_prices() -> Iterator[None]:
-    """Plans as before ``annotate.fused_costs``: each recompute priced as a kernel of its own."""
-    from remat_pass.annotate import annotate
-
-    saved = annotate.fused_recompute_prices
-    annotate.fused_recompute_prices = lambda values, nodes, profile: tuple(values)
-    try:
-        yield
-    finally:
-        annotate.fused_recompute_prices = saved
-
-
-def _before(before: str) -> contextlib.AbstractContextManager[None]:
-    if before == "all":
-        return _before_planning()
-    planning = {"fused": _keeping_fused_free, "prices": _unfused_prices}.get(before)
-    return planning() if planning is not None else contextlib.nullcontext()
+    if before == "all":  # only partitioner-tagged nodes derived in backward
+        return mock.patch.object(annotate, "derived_in_backward", _tagged_only)
+    if before == "fused":  # what Inductor would recompute for free kept (before planning.fused_free)
+        return mock.patch.object(pipeline, "recompute_fused_free", lambda annotated, plan: plan)
+    if before == "prices":  # every recompute priced as a kernel of its own (before annotate.fused_costs)
+        return mock.patch.object(annotate, "fused_recompute_prices", lambda values, nodes, profile: tuple(values))
+    return contextlib.nullcontext()
 
 
 def run_point(spec: ModelSpec, point: str, settings: Settings, before: str, rounds: int,

@@ -111,3 +111,38 @@ def fraction_bound(plan, fraction: float) -> float:
 
     inputs = kept_input_bytes(plan.problem, plan)
     return inputs + fraction * (plan.keep_all_bytes - inputs)
+
+
+def fitted_against_torch_compile(module: nn.Module, inputs, scale: float = 1.0):
+    """``module``'s step under the remat backend on Inductor, at a peak budget of ``scale`` times
+    the activation peak of torch.compile's own step (Inductor, no remat, a copy of ``module``):
+    asserts the step measures within the budget and equals torch.compile's loss and gradients bit
+    for bit (the same seed before each step: dropout included). Returns the backend, for its plans."""
+    from remat_pass.runtime.measure import allocator_peak
+
+    reference = copy.deepcopy(module)
+
+    def step_of(compiled):
+        def step():
+            torch.manual_seed(7)
+            loss = compiled(*inputs)
+            loss.backward()
+            return loss
+        return step
+
+    def peak(compiled, owner: nn.Module) -> int:
+        step_of(compiled)()  # compiles; not measured
+        owner.zero_grad(set_to_none=True)
+        return allocator_peak(step_of(compiled), "cpu", lambda: [p.grad for p in owner.parameters()]).peak_excluding
+
+    plain = torch.compile(reference)
+    budget = int(scale * peak(plain, reference))
+    backend = remat_pass.backend(budget=budget, budget_kind="peak", inner="inductor", plan_cache=False)
+    compiled = torch.compile(module, backend=backend)
+    assert peak(compiled, module) <= budget
+    module.zero_grad(set_to_none=True)
+    reference.zero_grad(set_to_none=True)
+    assert torch.equal(step_of(compiled)(), step_of(plain)())
+    for (name, p), q in zip(module.named_parameters(), reference.parameters()):
+        assert torch.equal(p.grad, q.grad), name
+    return backend

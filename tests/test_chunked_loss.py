@@ -394,12 +394,11 @@ def test_the_cheaper_of_whole_and_chunked_is_kept(monkeypatch, chunked_is_cheape
     _assert_step_close(got, expected, exact=not chunked_is_cheaper)
 
 
-def test_plan_traces_a_step_without_a_cross_entropy_once(monkeypatch) -> None:
-    """The automatic rule re-traces only steps that compute a cross-entropy: a step without one
-    planned with recompute (or refused) costs one capture, not two."""
+def _counted_traces(monkeypatch) -> list:
+    """The ``chunk_loss`` of every trace ``plan`` makes from now on, in order (None: the loss whole)."""
     from remat_pass.planning import plan_model
 
-    traces = []
+    traces: list = []
     real = plan_model.trace_repeated
 
     def counting(*args, **kwargs):
@@ -407,6 +406,13 @@ def test_plan_traces_a_step_without_a_cross_entropy_once(monkeypatch) -> None:
         return real(*args, **kwargs)
 
     monkeypatch.setattr(plan_model, "trace_repeated", counting)
+    return traces
+
+
+def test_plan_traces_a_step_without_a_cross_entropy_once(monkeypatch) -> None:
+    """The automatic rule re-traces only steps that compute a cross-entropy: a step without one
+    planned with recompute (or refused) costs one capture, not two."""
+    traces = _counted_traces(monkeypatch)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1))
     x = torch.randn(32, 16)
@@ -485,16 +491,7 @@ def test_plan_does_not_retrace_a_loss_that_would_be_one_chunk(monkeypatch) -> No
     """TinyLM's log-probabilities (48 x 96 fp32, 18 KiB) are under the smallest chunk (64 KiB): the
     automatic rule knows from the whole step's problem that chunking would leave the loss whole, and
     traces once; a loss larger than a chunk is traced again, chunked."""
-    from remat_pass.planning import plan_model
-
-    traces = []
-    real = plan_model.trace_repeated
-
-    def counting(*args, **kwargs):
-        traces.append(kwargs.get("chunk_loss"))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(plan_model, "trace_repeated", counting)
+    traces = _counted_traces(monkeypatch)
     plan = remat_pass.plan(TinyLM(), _inputs(), budget=0.3, device="cpu", solver="ilp", plan_cache=False)
     assert plan.recompute_flops > 0 and traces == [None]
     traces.clear()

@@ -9,19 +9,18 @@ end: at torch.compile's own measured peak on HF GPT-2 the fitted Inductor plan r
 
 from __future__ import annotations
 
-import copy
 from dataclasses import replace
 
 import pytest
 import torch
 from torch import nn
 
-import remat_pass
 from remat_pass.annotate.annotate import annotate
 from remat_pass.annotate.costs import get_profile
 from remat_pass.annotate.fused_costs import TIE_BREAK_SHARE
 from remat_pass.capture.capture import capture
-from remat_pass.runtime.measure import allocator_peak
+
+from .helpers import fitted_against_torch_compile
 
 
 CPU = get_profile("cpu")
@@ -94,30 +93,6 @@ def test_at_torch_compiles_own_peak_the_inductor_step_recomputes_no_matmul_and_e
 
     # The benchmarks' size: much smaller and matmuls are memory-bound, priced like pointwise ops.
     work = build(ModelSpec("hf_gpt2", layers=2, hidden=64, heads=4, seq=64, batch=2, vocab=256))
-    module, inputs = step_with_loss(work.model, work.loss_fn), (*work.inputs, work.target)
-    reference = copy.deepcopy(module)
-
-    def step_of(compiled):
-        def step():
-            loss = compiled(*inputs)
-            loss.backward()
-            return loss
-        return step
-
-    plain = torch.compile(reference)
-    step_of(plain)()
-    reference.zero_grad(set_to_none=True)
-    budget = allocator_peak(step_of(plain), "cpu", lambda: [p.grad for p in reference.parameters()]).peak_excluding
-    backend = remat_pass.backend(budget=budget, budget_kind="peak", inner="inductor", plan_cache=False)
-    compiled = torch.compile(module, backend=backend)
-    step_of(compiled)()
-    module.zero_grad(set_to_none=True)
-    measured = allocator_peak(step_of(compiled), "cpu", lambda: [p.grad for p in module.parameters()])
-    assert measured.peak_excluding <= budget
+    backend = fitted_against_torch_compile(step_with_loss(work.model, work.loss_fn), (*work.inputs, work.target))
     plan, = backend.plans
     assert plan.recomputed and plan.recompute_flops == 0, plan.summary()
-    module.zero_grad(set_to_none=True)
-    reference.zero_grad(set_to_none=True)
-    assert torch.equal(step_of(compiled)(), step_of(plain)())
-    for (name, p), q in zip(module.named_parameters(), reference.parameters()):
-        assert torch.equal(p.grad, q.grad), name

@@ -9,14 +9,12 @@ planned for eager, the plan is unchanged; the unfused peak never rises. End to e
 
 from __future__ import annotations
 
-import copy
 from dataclasses import replace
 
 import pytest
 import torch
 from torch import nn
 
-import remat_pass
 from remat_pass import solvers
 from remat_pass.annotate.annotate import annotate
 from remat_pass.capture.capture import capture
@@ -24,9 +22,10 @@ from remat_pass.examples import GPT, GPTConfig, lm_loss
 from remat_pass.planning.budget import Budget
 from remat_pass.planning.fused_free import free_values, fuses_into_backward
 from remat_pass.planning.pipeline import PlanOptions, as_compiled, plan_problem
-from remat_pass.runtime.measure import allocator_peak
 from remat_pass.solvers.problem import Problem
 from remat_pass.solvers.tags import Tag
+
+from .helpers import fitted_against_torch_compile
 
 CONFIG = GPTConfig(vocab_size=64, seq_len=16, layers=2, hidden=32, heads=2, dropout=0.1)
 
@@ -129,36 +128,10 @@ def test_the_inductor_step_keeps_none_of_them_and_equals_torch_compile_within_it
     """Inductor runs the plan (a loose peak budget: the fit's first candidate); the plan keeps no
     `not` of the mask and no view of a weight, and the step, dropout on, is torch.compile's bit
     for bit, its measured peak within the budget."""
-    module, inputs = _gpt_step()
-    reference = copy.deepcopy(module)
-
-    def step_of(compiled, owner):
-        def step():
-            torch.manual_seed(7)
-            loss = compiled(*inputs)
-            loss.backward()
-            return loss
-        return step
-
-    plain = torch.compile(reference)
-    step_of(plain, reference)()
-    reference.zero_grad(set_to_none=True)
-    incumbent = allocator_peak(step_of(plain, reference), "cpu", lambda: [p.grad for p in reference.parameters()])
-    budget = 2 * incumbent.peak_excluding
-    backend = remat_pass.backend(budget=budget, budget_kind="peak", inner="inductor")
-    compiled = torch.compile(module, backend=backend)
-    step_of(compiled, module)()
-    module.zero_grad(set_to_none=True)
-    measured = allocator_peak(step_of(compiled, module), "cpu", lambda: [p.grad for p in module.parameters()])
-    assert measured.peak_excluding <= budget
+    backend = fitted_against_torch_compile(*_gpt_step(), scale=2.0)
     plan, = backend.plans
     values = plan.problem.values
     kept = {values[i].name for i in plan.kept}
     assert not [values[i].name for i in plan.kept if values[i].op.startswith("bitwise_not")]
     assert not kept & set(_weight_views(plan.problem))
     assert any(values[i].op.startswith("bitwise_not") for i in plan.fused)
-    module.zero_grad(set_to_none=True)
-    reference.zero_grad(set_to_none=True)
-    assert torch.equal(step_of(compiled, module)(), step_of(plain, reference)())
-    for (name, p), q in zip(module.named_parameters(), reference.parameters()):
-        assert torch.equal(p.grad, q.grad), name
