@@ -128,3 +128,28 @@ def test_a_mirrored_plan_is_a_valid_plan_alike_in_tied_blocks_and_no_cheaper_tha
         assert weights.evaluate(free.plan) <= weights.evaluate(tied.plan) * (1 + 1e-9) + 1e-9
         compared += 1
     assert compared > 0
+
+
+def test_without_proof_work_the_tied_rows_run_where_the_untied_ones_are_out_of_time(monkeypatch):
+    """``prove=False`` on a step with more backward steps than the limit's untied rows can take
+    (``FAST_ROWS_STEPS_PER_SECOND``, here below any step count): the tied solve still runs, once, and its plan is a
+    candidate (its model is about three blocks' at any depth: the 48-layer GPT's best plan in 2 s),
+    while the untied relaxation and rows do not."""
+    from remat_pass import solvers
+    from remat_pass.solvers.peak import planner as peak
+
+    problem = random_problem(0, blocks=5)
+    budget = simulate_plan(problem, baselines.per_block(problem)).peak_bytes  # under keep-all's
+    assert mirrored_pairs(problem) and budget < simulate_plan(problem, baselines.keep_all(problem)).peak_bytes
+    called: list[str] = []
+    mirrored, step_rows = peak._Search.with_mirrored_rows, peak._Search.with_step_rows
+    monkeypatch.setattr(peak, "FAST_ROWS_STEPS_PER_SECOND", -1)
+    monkeypatch.setattr(peak._Search, "with_mirrored_rows",
+                        lambda self, *args: called.append("tied") or mirrored(self, *args))
+    monkeypatch.setattr(peak._Search, "with_step_rows",
+                        lambda self, *args, **kwargs: called.append("untied") or step_rows(self, *args, **kwargs))
+    plan = solvers.solve(problem, budget, solver="ilp_peak", time_limit=5, prove=False)
+    assert called == ["tied"] and plan.predicted_peak_bytes <= budget
+    called.clear()
+    solvers.solve(problem, budget, solver="ilp_peak", time_limit=5, prove=True)
+    assert called == ["tied", "untied"]

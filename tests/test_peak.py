@@ -163,6 +163,40 @@ def test_the_peak_planner_answers_within_its_time_limit(monkeypatch):
     assert max(ends["bound"]) <= called + limit + slack
 
 
+def test_a_budget_no_plan_fits_within_the_limit_is_searched_on_before_it_is_refused(monkeypatch):
+    """``refusal_time_limit``: where the searches find nothing that fits by ``time_limit`` (here the
+    first run of them is made to find nothing), they run again, to the longer limit, before the
+    budget is refused; the second run finds the plan. A budget nothing fits is still refused, after
+    both runs, with a minimum that works; a plan found in time never waits for the second run."""
+    from remat_pass.solvers.peak import planner as peak
+    from remat_pass.solvers.problem import Problem, Value
+
+    x = Value(0, "x", (), storage=0, available=True)
+    chain = [Value(i, name, (i - 1,), storage=i, recompute_seconds=1e-3) for i, name in enumerate("abcd", start=1)]
+    problem = Problem((x, *chain), (0, 100, 100, 100, 100), frozenset({1, 2, 3, 4}))
+    runs: list[tuple[float, float]] = []
+    run = peak._Search.run
+
+    def first_finds_nothing(self, keep_all_memory, began, time_limit, *args):
+        runs.append((time_limit, self.deadline - began))
+        return None if len(runs) == 1 else run(self, keep_all_memory, began, time_limit, *args)
+
+    monkeypatch.setattr(peak._Search, "run", first_finds_nothing)
+    plan = solvers.solve(problem, 250, solver="ilp_peak", time_limit=2, prove=False, refusal_time_limit=6)
+    assert plan.predicted_peak_bytes <= 250  # no baseline fits (checkpointing every other value peaks at 300)
+    assert [limit for limit, _ in runs] == [2, 6]
+    assert runs[1][1] == pytest.approx(6 * (1 - peak.FIT_SHARE - peak.SAVED_FLOOR_SHARE), abs=0.05)
+    runs.clear()
+    with pytest.raises(BudgetInfeasibleError) as raised:
+        solvers.solve(problem, 99, solver="ilp_peak", time_limit=2, prove=False, refusal_time_limit=3)
+    assert [limit for limit, _ in runs] == [2, 3] and raised.value.min_bytes > 99
+    monkeypatch.setattr(peak._Search, "run", lambda self, *args: runs.append(args) or run(self, *args))
+    runs.clear()
+    assert solvers.solve(problem, 250, solver="ilp_peak", time_limit=2, prove=False,
+                         refusal_time_limit=6).predicted_peak_bytes <= 250
+    assert len(runs) == 1
+
+
 def test_an_answer_the_rows_do_not_prove_gets_the_any_schedule_bound_too(monkeypatch):
     """On the two-block transformer at per-block's peak the rows' bound leaves the answer 50% open.
     The any-schedule bound is asked for then, and where it is higher it is the one that counts (here

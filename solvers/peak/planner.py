@@ -102,8 +102,9 @@ EXACT_ROUND_MIN = 0.5  # no round starts with less time than this left
 # relaxation's plan runs out of other places to peak: HF BERT's second round did not).
 EXACT_PROGRESS = 0.01
 EXACT_PATIENCE = 3
-# prove=False: step rows (tied, relaxed) only up to this many backward steps per second of the limit, as
-# their builds are not interrupted (48-layer scaling GPT, 4054 steps: 6-8 s tied, 20-30 s relaxed here);
+# prove=False: the untied step rows (relaxed, then conservative) only up to this many backward steps per
+# second of the limit, as their builds are not interrupted (48-layer scaling GPT, 4054 steps: 20-30 s relaxed
+# here). The tied rows always run: their model is about three blocks' (48 layers: 1.9 s for the whole call);
 FAST_ROWS_STEPS_PER_SECOND, SAVED_FLOOR_SHARE = 300, 0.1  # the last tenth for ``saved_bytes_floor``
 # A plan this close (relative) to the proven lower bound is called optimal.
 PROVEN_GAP = 1e-6
@@ -138,6 +139,7 @@ def solve_peak(
     exact_share: float = EXACT_SHARE,
     exact_backend: str = "auto",
     prove: bool = True,
+    refusal_time_limit: float | None = None,
 ) -> Decision:
     """The least recompute time whose simulated activation peak is at most ``budget_bytes``.
 
@@ -163,6 +165,11 @@ def solve_peak(
     cap), so that the smallest budget the error states is one a plan was found for.
     ``prove=False`` skips the proof work (exact rows, any-schedule bound); the gap is then the
     relaxation's (not built above ``FAST_ROWS_STEPS_PER_SECOND``) or the saved-bytes one, the higher.
+    ``refusal_time_limit``: when no plan fits at ``time_limit``, the searches go on until this many
+    seconds after the call before the budget is refused (tried caps remembered, the tied solve not
+    repeated, the rest run again with the longer limit): a short default limit then answers fast
+    where a plan is easy and still finds the hard ones (a 6-layer BERT at 0.85 of per-block's peak:
+    refused at 2 s, planned at 5 s).
     """
     began = time.perf_counter()
     ends = began + time_limit
@@ -182,29 +189,16 @@ def solve_peak(
     if cap_solver == "ilp_offload":  # its MIP rarely closes its gap: give each cap a share, not all
         search.cap_seconds = time_limit / 8
     search.candidates += [_Candidate(p, simulate_plan(problem, p)) for p in baselines.heuristic_plans(problem)]
-    bound: float | None = None
-    # Identical blocks tied, then the saved-bytes caps (quick ILPs): plans near the budget before the
-    # untied peak-row MIPs, which on deep models can take the limit (round 9's 12-layer Llama: ~40 s, no plan).
-    rows = prove or len(problem.backward_steps) <= FAST_ROWS_STEPS_PER_SECOND * time_limit
-    if cap_solver == "ilp" and rows:
-        search.with_mirrored_rows(time_limit)
-    search.over_saved_cap(keep_all_memory, until=began + CAP_SHARE * time_limit if cap_solver == "ilp" else None)
-    if cap_solver == "ilp":
-        if rows:  # without the exact rows, its relaxation is the only proof: more time for it
-            bound = search.with_step_rows(CUT_ROUNDS, share=1 / 3 if prove else 1 / 2)
-        if search._left() > 0.1:  # the cap search resumed with what is left (tried caps are remembered)
-            search.over_saved_cap(keep_all_memory)
-        if search.overshooting_cap is not None and search._left() > 0.1:
-            search.candidates += [_Candidate(*found) for found in plans_from_cap(
-                problem, budget_bytes, search.overshooting_cap, rounds, search.deadline, backend=search.backend,
-                threads=threads)]
-    if search.relaxed_plan is not None and prove:
-        bound = search.exact_rounds(search.relaxed_plan, bound, min(search._left(), exact_share * time_limit))
-    if cap_solver == "ilp" and not search.proven_by(bound):  # the simulator's own local search
-        search.polish(min(search._left(), LOCAL_SHARE * time_limit))
-    # A plan that gives up kept values stays inside the peak model: none beats a proven optimum.
-    search.fit_cheaper(search.candidates, ends - bound_share * time_limit,
-                       repair_kept=not search.proven_by(bound))
+    bound = search.run(keep_all_memory, began, time_limit, prove, rounds, exact_share, bound_share)
+    fitting = [c for c in search.candidates if c.memory.peak_bytes <= budget_bytes]
+    if not fitting and refusal_time_limit is not None and refusal_time_limit > time_limit:
+        # A refusal costs the user more than a few seconds: search on, from where the searches stand.
+        logger.info("ilp_peak: no plan fits the budget after %.1f s; searching up to %.1f s before refusing it",
+                    time.perf_counter() - began, refusal_time_limit)
+        time_limit, ends = refusal_time_limit, began + refusal_time_limit
+        search.deadline = ends - (FIT_SHARE + bound_share) * time_limit
+        more = search.run(keep_all_memory, began, time_limit, prove, rounds, exact_share, bound_share)
+        bound = max((b for b in (bound, more) if b is not None), default=None)
     fitting = [c for c in search.candidates if c.memory.peak_bytes <= budget_bytes]
     if not fitting:
         # The stated minimum must itself work when tried, so it comes from a fixed probe of
@@ -244,6 +238,38 @@ class _Search:
         self.exact_backend = backend  # solves the exact rows' MIPs (``exact_backend_for``)
         # About how long the untied conservative step rows take, build and solve (``with_mirrored_rows``).
         self.untied_seconds = 0.0
+        self.mirrored_tried = False  # the tied solve is made once (``with_mirrored_rows``)
+
+    def run(self, keep_all_memory: PlanMemory, began: float, time_limit: float, prove: bool, rounds: int,
+            exact_share: float, bound_share: float) -> float | None:
+        """The searches of ``solve_peak`` until ``began + time_limit`` less ``bound_share`` of it;
+        returns the rows' proven bound (None when none was proven). Run again with a longer limit,
+        tried caps are answered from memory and the tied solve is not repeated; the rest runs again."""
+        problem, cap_solver, bound = self.problem, self.cap_solver, None
+        ends = began + time_limit
+        # Identical blocks tied first (a model the size of about three blocks, quick at any depth: the
+        # best plans of 12- and 48-layer models), then the saved-bytes caps (quick ILPs): plans near the
+        # budget before the untied peak-row MIPs, which on deep models can take the limit.
+        rows = prove or len(problem.backward_steps) <= FAST_ROWS_STEPS_PER_SECOND * time_limit
+        if cap_solver == "ilp" and not self.mirrored_tried:
+            self.with_mirrored_rows(time_limit)
+        self.over_saved_cap(keep_all_memory, until=began + CAP_SHARE * time_limit if cap_solver == "ilp" else None)
+        if cap_solver == "ilp":
+            if rows:  # without the exact rows, its relaxation is the only proof: more time for it
+                bound = self.with_step_rows(CUT_ROUNDS, share=1 / 3 if prove else 1 / 2)
+            if self._left() > 0.1:  # the cap search resumed with what is left (tried caps are remembered)
+                self.over_saved_cap(keep_all_memory)
+            if self.overshooting_cap is not None and self._left() > 0.1:
+                self.candidates += [_Candidate(*found) for found in plans_from_cap(
+                    problem, self.budget, self.overshooting_cap, rounds, self.deadline, backend=self.backend,
+                    threads=self.threads)]
+        if self.relaxed_plan is not None and prove:
+            bound = self.exact_rounds(self.relaxed_plan, bound, min(self._left(), exact_share * time_limit))
+        if cap_solver == "ilp" and not self.proven_by(bound):  # the simulator's own local search
+            self.polish(min(self._left(), LOCAL_SHARE * time_limit))
+        # A plan that gives up kept values stays inside the peak model: none beats a proven optimum.
+        self.fit_cheaper(self.candidates, ends - bound_share * time_limit, repair_kept=not self.proven_by(bound))
+        return bound
 
     def _left(self) -> float:
         return self.deadline - time.perf_counter()
@@ -367,6 +393,7 @@ class _Search:
         are the best (12-layer models: 2-5 s in round 11; a 48-layer GPT: a plan 2.8 s after the call).
         Where the untied conservative rows will not get the time they need (deep models), a tied
         plan a little over the budget is made to fit at once, not in the last window."""
+        self.mirrored_tried = True
         pairs = mirrored_pairs(self.problem)
         if not pairs:
             return
