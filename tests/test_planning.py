@@ -144,7 +144,7 @@ def peak_options(monkeypatch):
 
     @functools.wraps(original)
     def recording(problem, budget_bytes=None, **options):
-        seen.append({k: options.get(k) for k in ("time_limit", "prove")})
+        seen.append({k: options.get(k) for k in ("time_limit", "prove", "refusal_time_limit")})
         return original(problem, budget_bytes, **options)
 
     monkeypatch.setitem(solvers.SOLVERS, "ilp_peak", recording)
@@ -158,14 +158,16 @@ def _mlp_case():
 
 
 @pytest.mark.parametrize("given, expected", [
-    ({}, {"time_limit": 5.0, "prove": False}),
-    ({"time_limit": 7}, {"time_limit": 7, "prove": True}),
-    ({"prove": True}, {"time_limit": 60.0, "prove": True}),
-    ({"time_limit": 7, "prove": False}, {"time_limit": 7, "prove": False}),
+    ({}, {"time_limit": 2.0, "prove": False, "refusal_time_limit": 10.0}),
+    ({"time_limit": 7}, {"time_limit": 7, "prove": True, "refusal_time_limit": None}),
+    ({"prove": True}, {"time_limit": 60.0, "prove": True, "refusal_time_limit": None}),
+    ({"time_limit": 7, "prove": False}, {"time_limit": 7, "prove": False, "refusal_time_limit": 10.0}),
+    ({"time_limit": 30, "prove": False}, {"time_limit": 30, "prove": False, "refusal_time_limit": 30}),
 ])
 def test_every_front_door_plans_fast_by_default_and_proves_on_request(peak_options, given, expected) -> None:
-    """``optimize``, ``backend``, ``plan`` and ``explain``: by default 5 s and no proof work; an
-    explicit ``time_limit`` means proving within it; ``prove=True`` alone, within 60 s."""
+    """``optimize``, ``backend``, ``plan`` and ``explain``: by default 2 s and no proof work, a budget
+    refused only after 10 s of search; an explicit ``time_limit`` means proving within it;
+    ``prove=True`` alone, within 60 s."""
     from remat_pass.tools.explain import explain
 
     model, x = _mlp_case()

@@ -16,7 +16,6 @@ Every front door goes through here: ``optimize`` and ``backend`` (per captured j
 from __future__ import annotations
 
 import enum
-import inspect
 import logging
 import time
 from dataclasses import dataclass, field, replace
@@ -31,6 +30,7 @@ from remat_pass.solvers.tags import Tag
 from ..annotate.annotate import AnnotatedGraph, annotate
 from ..annotate.baseline import as_given_plan, has_checkpoint_regions
 from .budget import Budget
+from .effort import DEFAULT_TIME_LIMIT, FAST_TIME_LIMIT, effort_options, planning_effort
 from ..capture.capture import JointGraph
 from ..annotate.costs import CostModel, DeviceProfile
 from ..errors import RematError
@@ -45,34 +45,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_BUDGET = 0.5
 """Half the activation bytes: usually attainable by recomputing only cheap ops."""
-
-DEFAULT_TIME_LIMIT = solvers.DEFAULT_TIME_LIMIT
-"""Seconds a planner may take with ``prove=True`` and no ``time_limit`` (the planners' own default)."""
-
-FAST_TIME_LIMIT = 5.0
-"""Seconds the default planning may take: no proof work (``prove=False``), a good plan and the gap
-its searches proved. On a 12-layer GPT-2 under a peak budget it gives the 60 s plan itself, with a
-17.5% gap where the 60 s proof work reaches 3.6% (``benchmarks/SCALING.md``, "Fast by default")."""
-
-
-def planning_effort(time_limit: float | None, prove: bool | None) -> tuple[float, bool]:
-    """The time limit and whether to do the proof work, from what a caller passed.
-
-    Neither (the default): ``FAST_TIME_LIMIT`` seconds, no proof work. An explicit ``time_limit``
-    means "spend up to this, proving": proof work on, unless ``prove=False`` says otherwise.
-    ``prove=True`` alone gets ``DEFAULT_TIME_LIMIT``.
-
-    >>> planning_effort(None, None), planning_effort(30, None), planning_effort(None, True)
-    ((5.0, False), (30, True), (60.0, True))
-    """
-    if prove is not None and not isinstance(prove, bool):
-        raise TypeError(f"prove must be True, False or None, got {prove!r}")
-    if time_limit is None:
-        return (DEFAULT_TIME_LIMIT, True) if prove else (FAST_TIME_LIMIT, False)
-    if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) or not time_limit > 0:
-        raise ValueError(f"time_limit must be a positive number of seconds or None, got {time_limit!r}")
-    return time_limit, prove is not False
-
 
 class BudgetKind(str, enum.Enum):
     """What a user's budget bounds: the planners' ``solvers.BudgetKind`` (saved, peak) plus "auto",
@@ -353,10 +325,9 @@ def _solve_one(problem: Problem, options: PlanOptions, budget: ResolvedBudget) -
     elif solver in ("ilp", "fast") and budget.kind is BudgetKind.PEAK:
         extra["cap_solver"] = solver  # the peak search solves saved-bytes caps with this solver
         solver = "ilp_peak"
-    if _bounds_budget(solver):  # the planners that search for a budget take a time limit
-        extra.setdefault("time_limit", options.time_limit)
-        if _proves(solver):
-            extra.setdefault("prove", options.prove)
+    if _bounds_budget(solver):  # the planners that search for a budget take a time limit (effort)
+        for name, value in effort_options(solver, options.time_limit, options.prove).items():
+            extra.setdefault(name, value)
     if budget.kind is BudgetKind.PEAK and not options.offload and _as_given_fits(problem, solver, budget):
         plan = _no_more_than_as_given(problem, options.solver, extra, budget)
     elif budget.kind is BudgetKind.PEAK:
@@ -385,11 +356,6 @@ def _bounds_budget(solver: str) -> bool:
     return info is not None and info.bounds is not None
 
 
-def _proves(solver: str) -> bool:
-    """Whether the planner has proof work it can skip (a ``prove`` option: ``ilp_peak``)."""
-    return "prove" in inspect.signature(solvers.get_solver(solver)).parameters
-
-
 def _as_given_fits(problem: Problem, solver: str, budget: ResolvedBudget) -> bool:
     """A peak budget the model's own checkpointing already meets: plan within what it saves.
 
@@ -405,7 +371,8 @@ def _no_more_than_as_given(problem: Problem, solver: str, extra: dict[str, Any],
     the model's own plan where the solver finds none better."""
     given = budget.as_given
     assert given is not None
-    options = {k: v for k, v in extra.items() if k != "cap_solver" and (k != "prove" or _proves(solver))}
+    peak_only = set(effort_options("ilp_peak", 1.0, False)) - set(effort_options(solver, 1.0, False)) | {"cap_solver"}
+    options = {k: v for k, v in extra.items() if k not in peak_only}  # extra was made for the peak planner
     try:
         plan = solvers.solve(problem, given.kept_bytes, solver=solver, **options)
     except solvers.BudgetInfeasibleError:

@@ -101,7 +101,7 @@ def plan(
     ``optimize``: a tuple, one tensor, or a dict of keyword inputs (a Hugging Face batch), plus
     ``example_kwargs``. ``loss_fn(output, *args, **kwargs)`` makes the loss part of the planned step. ``verbose`` prints the report (``PlanReport.text``) per module at ``depth``.
     ``offload=True`` also lets saved values go to host memory (``optimize``'s option).
-    ``time_limit`` and ``prove`` as for ``optimize``: by default 5 s of planning and no proof work;
+    ``time_limit`` and ``prove`` as for ``optimize``: by default 2 s of planning and no proof work;
     ``plan_cache`` too (by default ``~/.cache/remat_pass/plans``; ``False`` for none).
     ``chunk_loss`` as for ``optimize``: by default the loss is chunked when the budget cannot be
     met whole, or is met whole only with more work (``loss_choice.choose_loss``). A repeated call

@@ -360,7 +360,7 @@ def optimize(
     alias) or "measure" (each forward op timed once on the device with the first call's real
     inputs, before planning; see ``remat_pass.annotate.op_timing``).
 
-    By default planning is fast: at most ``pipeline.FAST_TIME_LIMIT`` (5 s) per graph, spent on
+    By default planning is fast: at most ``effort.FAST_TIME_LIMIT`` (2 s) per graph, spent on
     finding a good plan, with no proof work; the plan's ``gap`` is what its searches proved
     (``plan.status`` is "optimal" only when proven). ``time_limit`` (seconds) asks for more: up to
     that long, the proof work included (the peak planner's exact rows and, when its own bound
@@ -370,10 +370,11 @@ def optimize(
     limit when a plan fits: its searches get the first four fifths (nine tenths without proof
     work), making cheaper plans that overshoot fit the next tenth, the bound the last. A model
     build or simulation already started is not interrupted, so a deep model may run a little past
-    it. When nothing fits, a fixed probe of the trade-off curve follows, so that the smallest
-    budget the error states is one a plan was found for. Measured at a 60 s limit: 60.1-60.7 s on
+    it. When nothing fits, the search without proof work goes on to ``effort.REFUSAL_TIME_LIMIT``
+    (10 s) before it refuses the budget, then a fixed probe of the trade-off curve follows, so that
+    the smallest budget the error states is one a plan was found for. Measured at a 60 s limit: 60.1-60.7 s on
     a 12- to 48-layer GPT, 4-60 s on 4-layer models; at 10 s, 8.9-9.0 s; by default, see
-    ``benchmarks/SCALING.md`` ("Fast by default").
+    ``benchmarks/SCALING.md`` ("Fast by default", "Two seconds by default").
 
     ``inner`` says which compiler runs the plan's two graphs: "eager" (the default) runs them op by
     op, the program the peak model describes exactly; "inductor" compiles them with Inductor, faster,

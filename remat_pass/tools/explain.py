@@ -52,7 +52,7 @@ def explain_traced(
 
     The budget means what it means for ``optimize`` (``budget_kind``: a fraction bounds saved
     bytes, an absolute size the step's peak, unless told otherwise). ``time_limit`` and ``prove``
-    (in ``solver_options``) as for ``optimize``: by default 5 s and no proof work; ``plan_cache``
+    (in ``solver_options``) as for ``optimize``: by default 2 s and no proof work; ``plan_cache``
     too (by default ``~/.cache/remat_pass/plans``; ``False`` for none).
     """
     parsed = parse_budget(budget)
