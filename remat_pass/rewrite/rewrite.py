@@ -27,7 +27,7 @@ from . import offload
 from ..annotate.annotate import AnnotatedGraph
 from ..annotate.batch_norm import restore_forward, swap_recomputed
 from ..annotate.dropout_replay import dropout_replay_sources, replay_scale
-from ..compat import extract_fwd_bwd_modules, is_fake, is_symbolic
+from ..compat import extract_fwd_bwd_modules, graph_module, is_fake, is_symbolic
 from ..errors import RematError
 
 logger = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ def _copy_module(module: fx.GraphModule) -> tuple[fx.GraphModule, dict[fx.Node, 
     result, output = graph.graph_copy(module.graph, copies, return_output_node=True)
     new_output = graph.output(result)
     new_output.meta.update(output.meta)
-    return fx.GraphModule(module, graph), copies
+    return graph_module(module, graph), copies
 
 
 def _replay_dropouts(graph: fx.Graph, nodes: list[fx.Node], plan: Plan) -> dict[str, set[str]]:
