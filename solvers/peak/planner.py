@@ -19,7 +19,7 @@ gets rows the simulator justifies, and every plan is checked on the simulator:
    12-layer Llama's). Untied conservative rows that the tied solve's time, scaled, says will not
    finish in time are skipped (``untied_seconds``). Since the rows share one variable per view's
    set of literals (``rows``) they run at 12 layers too (1.2-1.6 s a round on the scaling GPT).
-2. The older search over saved-bytes caps (secant, then a few rounds of rows at the offending
+2. The older search over saved-bytes caps (``cap_search``: secant, then a few rounds of rows at the offending
    step on the best cap that still overshoots) adds its plans. Its caps (one quick ILP each)
    run before the rest of step 1 until a quarter of the limit has passed, and it resumes after
    step 1: on deep models step 1's untied MIPs can take the whole limit and end with no plan.
@@ -53,13 +53,12 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 
 from .. import baselines
 from ..mip.solve import resolve_backend
 from ..mip.keep_model import rounding_for, time_weights, weights_for
 from ..mip.run_keep import solve_once
-from ..errors import BudgetInfeasibleError, SolverError
+from ..errors import BudgetInfeasibleError
 from .exact_rows import ExactRowPlaces, exact_backend_for
 from .local_search import improve
 from ..analysis.memory import PlanMemory, peak_step_alive, simulate_plan
@@ -67,6 +66,7 @@ from .mirrored_blocks import MirroredRows, mirrored_pairs, shadowed_steps
 from .fit_overshoot import fit_cheaper
 from .rows import PeakRows, cuts_at
 from .cap_repair_rows import plans_from_cap
+from .cap_search import Candidate, CapSearch
 from .schedule_bound import any_schedule_bound_by, saved_bytes_floor
 from ..problem import Plan, Problem
 from ..registry import Decision, planner
@@ -77,9 +77,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_ROUNDS = 4
 # Rounds of valid cuts (each one ILP solve) before the peak-row search gives up.
 CUT_ROUNDS = 12
-# Saved-bytes caps (fractions of keep-all) probed when a search finds nothing that fits.
-PROBE_FRACTIONS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7)
-PROBE_TIME_LIMIT = 30.0
 # The time limit is the whole planning time. Its last shares, after the searches: overshooting plans
 # made to fit (``fit_overshoot``), then, when the rows' bound does not prove the answer, the any-schedule
 # bound (``schedule_bound``: ~2-4 s on the 4-layer models; the call returns early otherwise).
@@ -110,13 +107,7 @@ FAST_ROWS_STEPS_PER_SECOND, SAVED_FLOOR_SHARE = 300, 0.1  # the last tenth for `
 PROVEN_GAP = 1e-6
 
 
-@dataclass(frozen=True)
-class _Candidate:
-    plan: Plan
-    memory: PlanMemory
-
-
-def _rank(candidate: _Candidate) -> tuple[float, int, int]:
+def _rank(candidate: Candidate) -> tuple[float, int, int]:
     """Cheapest first; within ``PROVEN_GAP``, a plan without refreshed values first: the peak
     rows' proof covers it, while a refreshed one is measured against the looser any-schedule bound."""
     cost = candidate.plan.predicted_extra_seconds
@@ -161,7 +152,7 @@ def solve_peak(
     making overshooting plans fit (``FIT_SHARE``) and, unless the rows proved the answer, the
     any-schedule bound (``ANY_SCHEDULE_SHARE``) the rest (model builds and the simulator are not
     interrupted, so a deep model may run a little past it).
-    When nothing fits, a fixed probe of the trade-off curve follows (``PROBE_TIME_LIMIT`` per
+    When nothing fits, a fixed probe of the trade-off curve follows (``cap_search.PROBE_TIME_LIMIT`` per
     cap), so that the smallest budget the error states is one a plan was found for.
     ``prove=False`` skips the proof work (exact rows, any-schedule bound); the gap is then the
     relaxation's (not built above ``FAST_ROWS_STEPS_PER_SECOND``) or the saved-bytes one, the higher.
@@ -188,7 +179,7 @@ def solve_peak(
         raise ValueError(f"exact_share must be a fraction of the time limit in [0, 1], got {exact_share!r}")
     if cap_solver == "ilp_offload":  # its MIP rarely closes its gap: give each cap a share, not all
         search.cap_seconds = time_limit / 8
-    search.candidates += [_Candidate(p, simulate_plan(problem, p)) for p in baselines.heuristic_plans(problem)]
+    search.candidates += [Candidate(p, simulate_plan(problem, p)) for p in baselines.heuristic_plans(problem)]
     bound = search.run(keep_all_memory, began, time_limit, prove, rounds, exact_share, bound_share)
     fitting = [c for c in search.candidates if c.memory.peak_bytes <= budget_bytes]
     if not fitting and refusal_time_limit is not None and refusal_time_limit > time_limit:
@@ -221,19 +212,13 @@ def solve_peak(
     return _finish(best.plan, best.memory, Status.FEASIBLE, gap)
 
 
-class _Search:
-    """Plans tried so far, and the two ways of finding more."""
+class _Search(CapSearch):
+    """Plans tried so far, and the two ways of finding more: the saved-bytes caps (``CapSearch``)
+    and the peak rows (steps, tied, exact), then the local search and the fitting of overshoots."""
 
     def __init__(self, problem: Problem, budget: int, backend: str, deadline: float, threads: int | None,
                  cap_solver: str = "ilp") -> None:
-        self.problem, self.budget, self.backend, self.deadline, self.threads = problem, budget, backend, deadline, threads
-        self.cap_solver = cap_solver
-        self.candidates: list[_Candidate] = []
-        self.overshooting_cap: int | None = None
-        self.floor = 0  # no cap below the smallest feasible saved bytes makes sense
-        self.host_budget_bytes: int | None = None  # for cap_solver "ilp_offload"
-        self.cap_seconds: float | None = None  # at most this long per cap solve (None: all that is left)
-        self.tried_caps: dict[int, _Candidate | None] = {}  # saved-bytes cap -> its plan (None: infeasible)
+        super().__init__(problem, budget, backend, deadline, threads, cap_solver)
         self.relaxed_plan: Plan | None = None  # the plan of the valid rows' relaxation
         self.exact_backend = backend  # solves the exact rows' MIPs (``exact_backend_for``)
         # About how long the untied conservative step rows take, build and solve (``with_mirrored_rows``).
@@ -260,7 +245,7 @@ class _Search:
             if self._left() > 0.1:  # the cap search resumed with what is left (tried caps are remembered)
                 self.over_saved_cap(keep_all_memory)
             if self.overshooting_cap is not None and self._left() > 0.1:
-                self.candidates += [_Candidate(*found) for found in plans_from_cap(
+                self.candidates += [Candidate(*found) for found in plans_from_cap(
                     problem, self.budget, self.overshooting_cap, rounds, self.deadline, backend=self.backend,
                     threads=self.threads)]
         if self.relaxed_plan is not None and prove:
@@ -270,100 +255,6 @@ class _Search:
         # A plan that gives up kept values stays inside the peak model: none beats a proven optimum.
         self.fit_cheaper(self.candidates, ends - bound_share * time_limit, repair_kept=not self.proven_by(bound))
         return bound
-
-    def _left(self) -> float:
-        return self.deadline - time.perf_counter()
-
-    def _try_cap(self, cap: int, time_limit: float | None = None) -> _Candidate | None:
-        """The plan of saved-bytes cap ``cap`` (None below the smallest feasible one, or out of time), solved once:
-        a cap asked again (the cap search resumed after the peak rows) is answered from memory."""
-        if cap in self.tried_caps:
-            return self.tried_caps[cap]
-        try:
-            found = self._solve_cap(cap, time_limit)
-        except SolverError as error:  # out of time on this cap (not remembered: with more it may solve)
-            logger.debug("ilp_peak: saved cap %d: %s", cap, error)
-            return None
-        self.tried_caps[cap] = found
-        return found
-
-    def _solve_cap(self, cap: int, time_limit: float | None) -> _Candidate | None:
-        from ..fast import solve_fast
-        from ..ilp import solve_ilp
-
-        seconds = max(self._left(), 0.1) if time_limit is None else time_limit
-        if self.cap_seconds is not None:
-            seconds = min(seconds, self.cap_seconds)
-        try:
-            if self.cap_solver == "fast":
-                plan = solve_fast(self.problem, cap, time_limit=seconds, backend=self.backend)
-            elif self.cap_solver == "ilp_offload":
-                from ..offload_planner import solve_offload
-
-                plan = solve_offload(self.problem, cap, time_limit=seconds, backend=self.backend, threads=self.threads,
-                                     host_budget_bytes=self.host_budget_bytes)
-            else:
-                plan = solve_ilp(self.problem, cap, time_limit=seconds, backend=self.backend, threads=self.threads)
-        except BudgetInfeasibleError as error:
-            self.floor = max(self.floor, error.min_bytes)
-            return None
-        candidate = _Candidate(plan, simulate_plan(self.problem, plan))
-        self.candidates.append(candidate)
-        logger.debug("ilp_peak: saved cap %d -> kept %d, peak %d (budget %d)", cap, plan.kept_bytes,
-                     candidate.memory.peak_bytes, self.budget)
-        return candidate
-
-    def probe(self, fractions: tuple[float, ...] = PROBE_FRACTIONS) -> list[_Candidate]:
-        """Plans at fixed saved-bytes caps (and the baselines): the same for every budget."""
-        keep_all_bytes = self.problem.keep_all_bytes()
-        found = [_Candidate(p, simulate_plan(self.problem, p)) for p in baselines.heuristic_plans(self.problem)]
-        for share in fractions:
-            candidate = self._try_cap(max(int(share * keep_all_bytes), 1), time_limit=PROBE_TIME_LIMIT)
-            if candidate is not None:
-                found.append(candidate)
-        if self.floor > 0:  # the least-bytes plan itself
-            candidate = self._try_cap(self.floor, time_limit=PROBE_TIME_LIMIT)
-            if candidate is not None:
-                found.append(candidate)
-        self.candidates += found
-        return found
-
-    def over_saved_cap(self, keep_all_memory: PlanMemory, iterations: int = 10, until: float | None = None) -> None:
-        """Largest saved-bytes cap whose plan's simulated peak fits (secant, then bisection),
-        searched until ``until`` (the search's deadline by default)."""
-        keep_all_bytes = self.problem.keep_all_bytes()
-        overhead = keep_all_memory.peak_bytes - keep_all_bytes
-        fits_at: int | None = None
-        over_at: int | None = keep_all_bytes
-        cap = max(self.budget - overhead, 1)
-        tolerance = max(keep_all_bytes // 200, 1)
-        until = self.deadline if until is None else min(until, self.deadline)
-        for _ in range(iterations):
-            if until - time.perf_counter() <= 0.1:
-                break
-            cap = max(cap, self.floor, 1)
-            candidate = self._try_cap(cap, time_limit=until - time.perf_counter())
-            if candidate is None:  # below the smallest feasible cap
-                cap = self.floor
-                continue
-            peak = candidate.memory.peak_bytes
-            if peak <= self.budget:
-                fits_at = max(fits_at or 0, cap)
-            else:
-                over_at = cap if over_at is None else min(over_at, cap)
-            if fits_at is not None and over_at is not None and over_at - fits_at <= tolerance:
-                break
-            if fits_at is None:
-                cap = cap - (peak - self.budget) - tolerance  # step down by the excess
-                if cap < self.floor:
-                    if self.floor in (0, cap):
-                        break
-                    cap = self.floor
-            elif over_at is None:
-                cap = cap + (self.budget - peak)
-            else:
-                cap = (fits_at + over_at) // 2
-        self.overshooting_cap = over_at if fits_at is not None and over_at is not None else None
 
     def with_step_rows(self, rounds: int, share: float = 1 / 3) -> float | None:
         """Plans from the ILP with a valid peak row per backward interval (``rows``).
@@ -510,15 +401,15 @@ class _Search:
             else:  # nothing valid explains the excess: ask the rows for that much more room
                 margin += candidate.memory.peak_bytes - self.budget
 
-    def fit_cheaper(self, among: list[_Candidate], deadline: float, repair_kept: bool = True) -> None:
+    def fit_cheaper(self, among: list[Candidate], deadline: float, repair_kept: bool = True) -> None:
         """Plans of ``among`` that overshoot but are cheaper than its best that fits, made to fit
         (``solvers.peak.fit_overshoot``), become candidates."""
         plans = [(c.plan, c.memory) for c in among]
-        self.candidates += [_Candidate(*found) for found in fit_cheaper(self.problem, plans, self.budget, deadline,
+        self.candidates += [Candidate(*found) for found in fit_cheaper(self.problem, plans, self.budget, deadline,
                                                                          repair_kept)]
 
-    def _add(self, plan: Plan) -> _Candidate:
-        candidate = _Candidate(plan, simulate_plan(self.problem, plan))
+    def _add(self, plan: Plan) -> Candidate:
+        candidate = Candidate(plan, simulate_plan(self.problem, plan))
         self.candidates.append(candidate)
         return candidate
 
