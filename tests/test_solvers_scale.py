@@ -439,3 +439,27 @@ def main(count: int) -> None:
 
 if __name__ == "__main__":
     main(int(sys.argv[1]) if len(sys.argv) > 1 else 100)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_allocation_is_the_cheapest_multiset_that_fits(seed: int) -> None:
+    """``allocate`` against brute force over every multiset (small cases, where the front is never
+    thinned): the same least seconds, within the room, ``count`` groups in all; None exactly when
+    no multiset fits."""
+    import itertools
+
+    rng = random.Random(seed)
+    configs = [Config((i,), rng.randint(0, 40) * rng.choice([1, 10**9]), round(rng.random(), 2))
+               for i in range(rng.randint(1, 5))]
+    count = rng.randint(1, 6)
+    room = rng.randint(0, 40 * count) * rng.choice([1, 10**9])
+    fitting = [combo for combo in itertools.combinations_with_replacement(configs, count)
+               if sum(c.nbytes for c in combo) <= room]
+    chosen = allocate(configs, count, room)
+    if not fitting:
+        assert chosen is None
+        return
+    assert chosen is not None and sum(n for _, n in chosen) == count
+    assert sum(c.nbytes * n for c, n in chosen) <= room
+    best = min(sum(c.seconds for c in combo) for combo in fitting)
+    assert sum(c.seconds * n for c, n in chosen) == pytest.approx(best, abs=1e-9)
