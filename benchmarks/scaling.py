@@ -543,7 +543,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--peak", action="store_true",
                    help="the peak planner at per-block checkpointing's simulated peak, per depth, instead of the sweep")
     p.add_argument("--peak-time-limit", type=float, default=60.0,
-                   help="0: optimize's default (5 s, no proof work: pipeline.planning_effort)")
+                   help="0: optimize's default (2 s, no proof work: planning.effort.planning_effort)")
     p.add_argument("--via-plan", action="store_true",
                    help="with --peak: also remat_pass.plan() end to end (stacks stamped), then again (cached)")
     p.add_argument("--first-call", action="store_true",
