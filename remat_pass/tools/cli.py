@@ -145,7 +145,7 @@ def _add_explain_parser(subparsers: Any) -> None:
     sub.add_argument("--depth", type=_positive_int, default=None,
                      help="sum modules to their first N path parts (2: 'blocks.0'); default: innermost")
     sub.add_argument("--time-limit", type=_positive_float, default=None,
-                     help="seconds a planner may spend, proving included (default: 5, no proof work)")
+                     help="seconds a planner may spend, proving included (default: 2, no proof work)")
     sub.add_argument("--plan-cache", default=None, metavar="DIR",
                      help="where solved plans are cached (default ~/.cache/remat_pass/plans), or 'off'")
     sub.add_argument("--prove", action="store_true",
