@@ -243,6 +243,29 @@ def test_where_no_plan_priced_for_the_fused_program_fits_plans_priced_unfused_ar
     assert backend._options_now().fused_prices  # the next graph starts priced fused again
 
 
+def test_the_fits_candidates_are_refused_without_the_longer_search(monkeypatch):
+    """A planner's refusal inside the fit moves the fit to another budget, so the fit's candidates
+    are planned without the search that runs on before a refusal (``effort.REFUSAL_TIME_LIMIT``);
+    a plan outside a fit keeps it."""
+    from remat_pass.runtime import dynamo_backend
+
+    seen: list[bool] = []
+
+    def record(compile_at, inputs, **options):
+        backend._fitting.seen = set()  # as fit_peak's compile_at sets it while a candidate compiles
+        seen.append(backend._options_now().search_before_refusing)
+        backend._fitting.seen = None
+        raise BudgetInfeasibleError(10**6, 2 * 10**6, 3 * 10**6, kind="peak")
+
+    monkeypatch.setattr(dynamo_backend, "fit_peak", record)
+    model, inputs, loss_fn = make_case("mlp")
+    backend = remat_pass.backend(budget="1MB", inner="inductor", chunk_loss=False)
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed):
+        run_step(model, torch.compile(model, backend=backend), inputs, loss_fn)
+    assert seen == [False, False]  # the fit priced fused, then unfused
+    assert backend._options_now().search_before_refusing
+
+
 def test_a_compile_that_fails_inside_inductor_is_named_as_inductors_not_as_a_remat_pass_bug():
     """Two processes writing one Inductor cache gave ``ImportError: ...so: file too short``, which
     was reported as "a remat_pass bug". A failure raised inside torch._inductor names Inductor, its

@@ -113,6 +113,9 @@ class PlanOptions:
     # planning_effort); planners without such work (the ILP, "fast", the baselines) ignore it.
     prove: bool = False
     fused_prices: bool = True  # under Inductor, recompute priced fused into readers (annotate.fused_costs)
+    # Without proof work, search on before refusing a budget (effort.REFUSAL_TIME_LIMIT); off where a
+    # refusal is not the answer the user gets (the Inductor fit then tries another budget: inductor_fit).
+    search_before_refusing: bool = True
 
 
 # --- the budget -------------------------------------------------------------------------------
@@ -326,7 +329,8 @@ def _solve_one(problem: Problem, options: PlanOptions, budget: ResolvedBudget) -
         extra["cap_solver"] = solver  # the peak search solves saved-bytes caps with this solver
         solver = "ilp_peak"
     if _bounds_budget(solver):  # the planners that search for a budget take a time limit (effort)
-        for name, value in effort_options(solver, options.time_limit, options.prove).items():
+        for name, value in effort_options(solver, options.time_limit, options.prove,
+                                          options.search_before_refusing).items():
             extra.setdefault(name, value)
     if budget.kind is BudgetKind.PEAK and not options.offload and _as_given_fits(problem, solver, budget):
         plan = _no_more_than_as_given(problem, options.solver, extra, budget)

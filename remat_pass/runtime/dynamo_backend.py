@@ -192,7 +192,7 @@ class RematBackend:
         asked = getattr(self._fitting, "asked", None)
         if getattr(self._fitting, "seen", None) is None:
             return options
-        fitted = replace(options, on_infeasible=OnInfeasible.RAISE)
+        fitted = replace(options, on_infeasible=OnInfeasible.RAISE, search_before_refusing=False)
         return fitted if asked is None else replace(fitted, budget=Budget(nbytes=asked), budget_kind=BudgetKind.PEAK)
 
     def _partition(self, joint: JointGraph) -> tuple[fx.GraphModule, fx.GraphModule]:
