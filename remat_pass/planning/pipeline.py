@@ -375,8 +375,9 @@ def _no_more_than_as_given(problem: Problem, solver: str, extra: dict[str, Any],
     the model's own plan where the solver finds none better."""
     given = budget.as_given
     assert given is not None
-    peak_only = set(effort_options("ilp_peak", 1.0, False)) - set(effort_options(solver, 1.0, False)) | {"cap_solver"}
-    options = {k: v for k, v in extra.items() if k not in peak_only}  # extra was made for the peak planner
+    # extra was made for the peak planner: leave out what only it takes
+    peak_only = {"cap_solver", *effort_options("ilp_peak", 1.0, False)} - set(effort_options(solver, 1.0, False))
+    options = {k: v for k, v in extra.items() if k not in peak_only}
     try:
         plan = solvers.solve(problem, given.kept_bytes, solver=solver, **options)
     except solvers.BudgetInfeasibleError:

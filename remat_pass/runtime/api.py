@@ -371,10 +371,11 @@ def optimize(
     work), making cheaper plans that overshoot fit the next tenth, the bound the last. A model
     build or simulation already started is not interrupted, so a deep model may run a little past
     it. When nothing fits, the search without proof work goes on to ``effort.REFUSAL_TIME_LIMIT``
-    (10 s) before it refuses the budget, then a fixed probe of the trade-off curve follows, so that
-    the smallest budget the error states is one a plan was found for. Measured at a 60 s limit: 60.1-60.7 s on
-    a 12- to 48-layer GPT, 4-60 s on 4-layer models; at 10 s, 8.9-9.0 s; by default, see
-    ``benchmarks/SCALING.md`` ("Fast by default", "Two seconds by default").
+    (10 s) before it refuses the budget (not for the Inductor fit's candidates: a refusal there
+    moves the fit to another budget), then a fixed probe of the trade-off curve follows, so that
+    the smallest budget the error states is one a plan was found for. Measured at a 60 s limit:
+    60.1-60.7 s on a 12- to 48-layer GPT, 4-60 s on 4-layer models; at 10 s, 8.9-9.0 s; by
+    default, see ``benchmarks/SCALING.md`` ("Fast by default", "Two seconds by default").
 
     ``inner`` says which compiler runs the plan's two graphs: "eager" (the default) runs them op by
     op, the program the peak model describes exactly; "inductor" compiles them with Inductor, faster,

@@ -114,7 +114,7 @@ class RematBackend:
     at most the budget. Peaks do not add up across pieces, so a peak budget cannot be split.
 
     ``time_limit`` and ``prove``: how long each graph's planning may take and whether it does the
-    proof work (``pipeline.planning_effort``: by default 2 s and none, as for ``optimize``).
+    proof work (``effort.planning_effort``: by default 2 s and none, as for ``optimize``).
 
     ``chunk_loss``: compute a language-model loss (linear head, row-wise chain, cross-entropy)
     in chunks of tokens, its gradients computed with it in forward (or recomputed in backward:
