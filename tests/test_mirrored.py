@@ -132,9 +132,9 @@ def test_a_mirrored_plan_is_a_valid_plan_alike_in_tied_blocks_and_no_cheaper_tha
 
 def test_without_proof_work_the_tied_rows_run_where_the_untied_ones_are_out_of_time(monkeypatch):
     """``prove=False`` on a step with more backward steps than the limit's untied rows can take
-    (``FAST_ROWS_STEPS_PER_SECOND``, here below any step count): the tied solve still runs, once, and its plan is a
-    candidate (its model is about three blocks' at any depth: the 48-layer GPT's best plan in 2 s),
-    while the untied relaxation and rows do not."""
+    (``FAST_ROWS_STEPS_PER_SECOND``, here below any step count): the tied solve still runs, once,
+    and its plan is a candidate (its model is about three blocks' at any depth: the 48-layer GPT's
+    best plan in 2 s), while the untied relaxation and rows do not; with proof work both run."""
     from remat_pass import solvers
     from remat_pass.solvers.peak import planner as peak
 
