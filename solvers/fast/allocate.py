@@ -1,7 +1,7 @@
 """How many of ``count`` identical groups take each of a few configurations, within a byte budget.
 
 A knapsack with multiplicities: choose ``n_i >= 0`` with ``sum n_i == count`` and
-``sum n_i * bytes_i <= room``, least ``sum n_i * seconds_i``. It is solved here in plain Python
+``sum n_i * bytes_i <= room``, least ``sum n_i * seconds_i``. It is solved here (numpy arrays)
 rather than handed to a MIP backend: with byte-sized coefficients HiGHS's presolve can loop on
 it ignoring its time limit, and CBC can call it infeasible (issue 15, R5). A dynamic program over
 the groups keeps the Pareto front of (bytes, seconds) of the partial assignments: exact while the
