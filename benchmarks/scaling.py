@@ -46,7 +46,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from remat_pass import solvers
-from remat_pass.planning.pipeline import planning_effort
+from remat_pass.planning.effort import planning_effort
 from remat_pass.tools.tradeoff import hull_points
 from remat_pass.solvers.problem import Plan, Problem, format_bytes
 
@@ -144,7 +144,7 @@ def run_peak(args: argparse.Namespace) -> list[dict[str, Any]]:
         per_block = solvers.solve(problem, None, solver="per_block")
         budget = solvers.simulate_plan(problem, per_block).peak_bytes
         began = time.perf_counter()
-        # --peak-time-limit 0: what optimize(...) runs by default (pipeline.planning_effort)
+        # --peak-time-limit 0: what optimize(...) runs by default (effort.planning_effort)
         limit, prove = planning_effort(args.peak_time_limit or None, None)
         plan = solvers.solve(problem, budget, solver="ilp_peak", time_limit=limit, prove=prove)
         row = {"layers": layers, "values": len(problem.values), "backward_steps": len(problem.backward_steps),

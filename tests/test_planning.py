@@ -185,7 +185,7 @@ def test_every_front_door_plans_fast_by_default_and_proves_on_request(peak_optio
 
 
 def test_planning_effort_rejects_what_is_not_a_limit() -> None:
-    from remat_pass.planning.pipeline import planning_effort
+    from remat_pass.planning.effort import planning_effort
 
     with pytest.raises(ValueError, match="time_limit"):
         planning_effort(0, None)

@@ -30,7 +30,7 @@ from remat_pass.solvers.tags import Tag
 from ..annotate.annotate import AnnotatedGraph, annotate
 from ..annotate.baseline import as_given_plan, has_checkpoint_regions
 from .budget import Budget
-from .effort import DEFAULT_TIME_LIMIT, FAST_TIME_LIMIT, effort_options, planning_effort
+from .effort import FAST_TIME_LIMIT, effort_options
 from ..capture.capture import JointGraph
 from ..annotate.costs import CostModel, DeviceProfile
 from ..errors import RematError
@@ -333,7 +333,7 @@ def _solve_one(problem: Problem, options: PlanOptions, budget: ResolvedBudget) -
                                           options.search_before_refusing).items():
             extra.setdefault(name, value)
     if budget.kind is BudgetKind.PEAK and not options.offload and _as_given_fits(problem, solver, budget):
-        plan = _no_more_than_as_given(problem, options.solver, extra, budget)
+        plan = _no_more_than_as_given(problem, options, budget)
     elif budget.kind is BudgetKind.PEAK:
         try:
             plan = solvers.solve(problem, budget.target_bytes, solver=solver, **extra)
@@ -370,16 +370,14 @@ def _as_given_fits(problem: Problem, solver: str, budget: ResolvedBudget) -> boo
             and _bounds_budget(solver) and has_checkpoint_regions(problem))
 
 
-def _no_more_than_as_given(problem: Problem, solver: str, extra: dict[str, Any], budget: ResolvedBudget) -> Plan:
+def _no_more_than_as_given(problem: Problem, options: PlanOptions, budget: ResolvedBudget) -> Plan:
     """The cheapest plan that saves no more than the model as given and peaks no higher;
     the model's own plan where the solver finds none better."""
     given = budget.as_given
     assert given is not None
-    # extra was made for the peak planner: leave out what only it takes
-    peak_only = {"cap_solver", *effort_options("ilp_peak", 1.0, False)} - set(effort_options(solver, 1.0, False))
-    options = {k: v for k, v in extra.items() if k not in peak_only}
-    try:
-        plan = solvers.solve(problem, given.kept_bytes, solver=solver, **options)
+    effort = effort_options(options.solver, options.time_limit, options.prove, options.search_before_refusing)
+    try:  # the user's options win over the effort's, as in _solve_one
+        plan = solvers.solve(problem, given.kept_bytes, solver=options.solver, **{**effort, **options.solver_options})
     except solvers.BudgetInfeasibleError:
         plan = given
     if solvers.simulate_plan(problem, plan).peak_bytes > budget.reference_bytes:
@@ -466,7 +464,7 @@ def reconcile(annotated: AnnotatedGraph, options: PlanOptions, planned: Planned,
 
 
 __all__ = [
-    "DEFAULT_BUDGET", "DEFAULT_TIME_LIMIT", "FAST_TIME_LIMIT", "BudgetKind", "LossFn", "OnInfeasible", "PlanOptions", "Planned", "PlannedGraph",
-    "ResolvedBudget", "TracedStep", "as_inputs", "merge_problems", "plan_joint_graph", "plan_problem", "planning_effort", "reconcile",
+    "DEFAULT_BUDGET", "BudgetKind", "LossFn", "OnInfeasible", "PlanOptions", "Planned", "PlannedGraph",
+    "ResolvedBudget", "TracedStep", "as_inputs", "merge_problems", "plan_joint_graph", "plan_problem", "reconcile",
     "as_compiled", "describe_piece", "describe_status", "resolve_budget", "resolve_budget_kind", "trace_step", "with_headroom", "without_headroom",
 ]

@@ -48,9 +48,9 @@ from .pipeline import (
     PlanOptions,
     TracedStep,
     plan_problem,
-    planning_effort,
     resolve_budget_kind,
 )
+from .effort import planning_effort
 from .loss_choice import Pin, choose_loss
 from .repeated_blocks import trace_repeated
 from .trace_key import before_tracing

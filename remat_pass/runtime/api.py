@@ -65,7 +65,7 @@ class _Settings:
     dynamic: bool = False  # True: one plan, made at the first call's sizes, for every size
     plan_cache: Any = True  # plan_cache.PlanCache, a directory, True (the default one), False or None (none)
     costs: str = CostModel.ROOFLINE  # how recompute is priced: roofline, flops or measure
-    prove: bool | None = None  # the proof work (pipeline.planning_effort); None: only with a time_limit
+    prove: bool | None = None  # the proof work (effort.planning_effort); None: only with a time_limit
 
 
 # Per-instance state that is rebuilt, never copied or pickled: it holds a lock, compiled code and

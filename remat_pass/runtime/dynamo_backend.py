@@ -64,9 +64,9 @@ from ..planning.pipeline import (
     PlanOptions,
     describe_piece,
     plan_joint_graph,
-    planning_effort,
     resolve_budget_kind,
 )
+from ..planning.effort import planning_effort
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,8 @@ from torch import nn
 
 from ..planning.budget import parse_budget
 from ..annotate.costs import CostModel, DeviceProfile, parse_costs
-from ..planning.pipeline import BudgetKind, LossFn, PlanOptions, TracedStep, plan_problem, planning_effort
+from ..planning.effort import planning_effort
+from ..planning.pipeline import BudgetKind, LossFn, PlanOptions, TracedStep, plan_problem
 from ..planning.repeated_blocks import trace_repeated
 from ..planning.trace_key import before_tracing
 from ..capture.inputs import call_inputs
