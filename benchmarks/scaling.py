@@ -196,7 +196,7 @@ def _peak_via_plan(args: argparse.Namespace, layers: int, budget: int, per_block
     return rows
 
 
-def _first_call_model() -> tuple[nn.Module, torch.Tensor, int]:
+def first_call_model() -> tuple[nn.Module, torch.Tensor, int]:
     """The first-call model (12-layer HF GPT-2, h768, s512, loss inside), its tokens, and Hugging
     Face checkpointing's measured peak as the budget."""
     from .models import LossOf, hf_model
@@ -223,7 +223,7 @@ def run_first_call(args: argparse.Namespace) -> list[dict[str, Any]]:
     import remat_pass
     from remat_pass.runtime.plan_cache import PlanCache
 
-    model, tokens, budget = _first_call_model()
+    model, tokens, budget = first_call_model()
     rows = []
     directory = tempfile.mkdtemp(prefix="remat_plans_")  # a cache of its own: the first call is a miss
     for limit, cached in ((None, False), *((limit, False) for limit in args.first_call_limits), (None, True)):
@@ -251,7 +251,7 @@ def run_one_call(args: argparse.Namespace) -> dict[str, Any]:
     import remat_pass
     from remat_pass.runtime.plan_cache import PlanCache
 
-    model, tokens, budget = _first_call_model()
+    model, tokens, budget = first_call_model()
     cache = PlanCache(args.one_call)
     spent = _timed_phases() if args.phases else {}
     began = time.perf_counter()
@@ -271,7 +271,7 @@ def run_plan_calls(args: argparse.Namespace) -> list[dict[str, Any]]:
     import remat_pass
     from remat_pass.runtime.plan_cache import PlanCache
 
-    model, tokens, budget = _first_call_model()
+    model, tokens, budget = first_call_model()
     rows = []
     for call in range(2):
         cache = PlanCache(args.plan_calls)

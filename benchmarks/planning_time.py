@@ -1,0 +1,125 @@
+"""What the default planning effort costs and gives (issue 31; ``benchmarks/SCALING.md``, "Two seconds by default").
+
+    python -m benchmarks.planning_time --solver-limits 2,5           # the peak planner alone at each limit
+    python -m benchmarks.planning_time --first-step inductor         # torch.compile's first step, plain Inductor
+    python -m benchmarks.planning_time --first-step remat            # ... with remat_pass's backend (Inductor, fitted)
+    python -m benchmarks.planning_time --first-step whole            # aot_eager, no remat_pass: the step whole
+    python -m benchmarks.planning_time --first-step regional         # ... each block a nested_compile_region
+
+``--solver-limits``: the problems are traced once (the first-call 12-layer HF GPT-2 on real tensors at
+its checkpointing peak; the scaling GPT at 12 and 48 layers and three small HF models on meta tensors,
+at per-block checkpointing's simulated peak, halfway to keep-all's, and 0.85 of per-block's), then
+``ilp_peak`` without proof work solves each at every limit, with no search before a refusal, and at
+the default effort (``effort.effort_options``: 2 s, then on to 10 s before a refusal).
+``--first-step``: a new process per run; the Inductor runs get a fresh ``TORCHINDUCTOR_CACHE_DIR``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from typing import Any
+
+import torch
+
+from remat_pass import solvers
+from remat_pass.planning.effort import FAST_TIME_LIMIT, effort_options
+
+from .models import LossOf, hf_model
+from .scaling import first_call_model, gpt_problem, parser as scaling_parser, trace_timed
+
+
+def _peak(problem: solvers.Problem, solver: str) -> int:
+    return solvers.simulate_plan(problem, solvers.solve(problem, None, solver=solver)).peak_bytes
+
+
+def _hf_problem(name: str, layers: int, hidden: int, seq: int, batch: int) -> solvers.Problem:
+    with torch.device("meta"):
+        model = LossOf(hf_model(name, layers, hidden, seq, 8192, heads=hidden // 64),
+                       torch.zeros(batch, seq, dtype=torch.long)).train()
+    return trace_timed(model, (torch.zeros(batch, seq, dtype=torch.long, device="meta"),), "h100")[0]
+
+
+def problems() -> list[tuple[str, solvers.Problem, int]]:
+    """(label, problem, peak budget in bytes) for every case of ``--solver-limits``."""
+    from remat_pass.planning.pipeline import without_headroom
+
+    model, tokens, budget = first_call_model()
+    gpt2 = trace_timed(model, (tokens,), "cpu")[0]
+    cases = [("HF GPT-2 12 layers (first call), checkpointing's peak", gpt2, without_headroom(budget))]
+    args = scaling_parser().parse_args([])
+    for layers in (12, 48):
+        problem = gpt_problem(args, layers)[0]
+        cases.append((f"scaling GPT {layers} layers, pb", problem, _peak(problem, "per_block")))
+    for name, shape in (("llama", (8, 512, 512, 1)), ("bert", (6, 512, 512, 2)), ("gpt2", (6, 384, 256, 2))):
+        problem = _hf_problem(name, *shape)
+        per_block, keep_all = _peak(problem, "per_block"), _peak(problem, "keep_all")
+        for label, budget in (("pb", per_block), ("mid", (per_block + keep_all) // 2), ("0.85 pb", int(0.85 * per_block))):
+            cases.append((f"HF {name} {shape[0]} layers h{shape[1]}, {label}", problem, budget))
+    return cases
+
+
+def _solve(problem: solvers.Problem, budget: int, **options: Any) -> str:
+    began = time.perf_counter()
+    try:
+        plan = solvers.solve(problem, budget, solver="ilp_peak", **options)
+    except solvers.BudgetInfeasibleError:
+        return f"refused ({time.perf_counter() - began:.1f} s)"
+    return f"{plan.recompute_seconds:.6g} s ({time.perf_counter() - began:.1f} s)"
+
+
+def solver_limits(limits: list[float]) -> None:
+    print("| problem, budget | " + " | ".join(f"{limit:g} s" for limit in limits) + " | default effort |")
+    print("|---|" + "---|" * (len(limits) + 1))
+    default = effort_options("ilp_peak", FAST_TIME_LIMIT, False)
+    for label, problem, budget in problems():
+        cells = [_solve(problem, budget, time_limit=limit, prove=False) for limit in limits]
+        cells.append(_solve(problem, budget, **default))
+        print(f"| {label} | " + " | ".join(cells) + " |", flush=True)
+
+
+def first_step(which: str) -> None:
+    """One first training step under torch.compile, timed; then a second."""
+    import remat_pass
+
+    model, tokens, budget = first_call_model()
+    if which in ("whole", "regional"):
+        with torch.no_grad():
+            model(tokens)  # Hugging Face's first-call hooks, outside the timing
+        if which == "regional":
+            import transformers.models.gpt2.modeling_gpt2 as gpt2
+
+            gpt2.GPT2Block.forward = torch.compiler.nested_compile_region(gpt2.GPT2Block.forward)
+        backend: Any = "aot_eager"
+    elif which == "inductor":
+        backend = "inductor"
+    else:
+        backend = remat_pass.backend(budget=budget, budget_kind="peak", plan_cache=False)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend)
+    for step in ("first", "second"):
+        began = time.perf_counter()
+        loss = compiled(tokens)
+        forward = time.perf_counter() - began
+        loss.backward()
+        print(f"{which}: {step} step {time.perf_counter() - began:.2f} s (forward, with its compile, {forward:.2f} s; "
+              f"peak budget {budget} for remat)", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.planning_time", description=__doc__.split("\n\n")[0])
+    p.add_argument("--solver-limits", type=lambda text: [float(x) for x in text.split(",")], default=None)
+    p.add_argument("--first-step", choices=("inductor", "remat", "whole", "regional"), default=None)
+    args = p.parse_args(argv)
+    if args.first_step in ("inductor", "remat"):
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="inductor_"))  # cold, as a new machine
+    if args.solver_limits:
+        solver_limits(args.solver_limits)
+    if args.first_step:
+        first_step(args.first_step)
+
+
+if __name__ == "__main__":
+    main()
