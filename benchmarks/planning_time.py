@@ -5,6 +5,7 @@
     python -m benchmarks.planning_time --first-step remat            # ... with remat_pass's backend (Inductor, fitted)
     python -m benchmarks.planning_time --first-step whole            # aot_eager, no remat_pass: the step whole
     python -m benchmarks.planning_time --first-step regional         # ... each block a nested_compile_region
+    python -m benchmarks.planning_time --restart remat               # a job started twice: cold, then warm caches
 
 ``--solver-limits``: the problems are traced once (the first-call 12-layer HF GPT-2 on real tensors at
 its checkpointing peak; the scaling GPT at 12 and 48 layers and three small HF models on meta tensors,
@@ -12,12 +13,18 @@ at per-block checkpointing's simulated peak, halfway to keep-all's, and 0.85 of 
 ``ilp_peak`` without proof work solves each at every limit, with no search before a refusal, and at
 the default effort (``effort.effort_options``: 2 s, then on to 10 s before a refusal).
 ``--first-step``: a new process per run; the Inductor runs get a fresh ``TORCHINDUCTOR_CACHE_DIR``.
+``--restart inductor|remat``: ``--first-step`` in two new processes, one after the other, sharing
+one fresh ``TORCHINDUCTOR_CACHE_DIR`` and (remat) one fresh plan cache: the second process's first
+step is what restarting a job costs, its compiles answered by Inductor's caches where they can be
+(``remat_pass.capture.inductor_compile``).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from typing import Any
@@ -80,9 +87,10 @@ def solver_limits(limits: list[float]) -> None:
         print(f"| {label} | " + " | ".join(cells) + " |", flush=True)
 
 
-def first_step(which: str) -> None:
-    """One first training step under torch.compile, timed; then a second."""
+def first_step(which: str, plan_cache: str | bool = False) -> None:
+    """One first training step under torch.compile, timed; then a second. ``plan_cache``: remat's."""
     import remat_pass
+    from torch._dynamo.utils import counters
 
     model, tokens, budget = first_call_model()
     if which in ("whole", "regional"):
@@ -96,7 +104,7 @@ def first_step(which: str) -> None:
     elif which == "inductor":
         backend = "inductor"
     else:
-        backend = remat_pass.backend(budget=budget, budget_kind="peak", plan_cache=False)
+        backend = remat_pass.backend(budget=budget, budget_kind="peak", plan_cache=plan_cache)
     torch._dynamo.reset()
     compiled = torch.compile(model, backend=backend)
     for step in ("first", "second"):
@@ -105,20 +113,37 @@ def first_step(which: str) -> None:
         forward = time.perf_counter() - began
         loss.backward()
         print(f"{which}: {step} step {time.perf_counter() - began:.2f} s (forward, with its compile, {forward:.2f} s; "
-              f"peak budget {budget} for remat)", flush=True)
+              f"peak budget {budget} for remat; AOTAutograd cache {dict(counters['aot_autograd'])})", flush=True)
+
+
+def restart(which: str) -> None:
+    """``first_step`` in a new process with cold caches, then in another with the caches it left."""
+    caches = tempfile.mkdtemp(prefix="restart_")
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(caches, "inductor")}
+    for run in ("cold caches", "warm caches"):
+        print(f"-- a new process, {run}", flush=True)
+        began = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "benchmarks.planning_time", "--first-step", which,
+                        "--plan-cache", os.path.join(caches, "plans")], env=env, check=True)
+        print(f"   (the process, imports and model included: {time.perf_counter() - began:.1f} s)", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.planning_time", description=__doc__.split("\n\n")[0])
     p.add_argument("--solver-limits", type=lambda text: [float(x) for x in text.split(",")], default=None)
     p.add_argument("--first-step", choices=("inductor", "remat", "whole", "regional"), default=None)
+    p.add_argument("--plan-cache", default=None, help="remat's plan cache for --first-step (default: none)")
+    p.add_argument("--restart", choices=("inductor", "remat"), default=None)
     args = p.parse_args(argv)
+    if args.restart:
+        restart(args.restart)
+        return
     if args.first_step in ("inductor", "remat"):
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="inductor_"))  # cold, as a new machine
     if args.solver_limits:
         solver_limits(args.solver_limits)
     if args.first_step:
-        first_step(args.first_step)
+        first_step(args.first_step, args.plan_cache or False)
 
 
 if __name__ == "__main__":

@@ -120,7 +120,8 @@ def remat_step(work: Workload, budget_bytes: int, inner: str, time_limit: float)
     started = time.perf_counter()
     optimized = remat_pass.optimize(step_with_loss(model, work.loss_fn), budget=int(budget_bytes),
                                     budget_kind="peak", inner=inner, time_limit=time_limit,
-                                    example_inputs=(*work.inputs, work.target))
+                                    example_inputs=(*work.inputs, work.target),
+                                    plan_cache=False)  # plan and compile: no answer from an earlier run's caches
     return Prepared(lambda: optimized(*work.inputs, work.target), model, params, eager=False,
                     setup_seconds=time.perf_counter() - started, plan=lambda: optimized.plan,
                     notes=[f"optimize(budget={int(budget_bytes)}, budget_kind='peak', inner={inner!r})"])

@@ -240,3 +240,33 @@ def test_without_proof_work_no_exact_rows_and_no_any_schedule_bound(monkeypatch)
     assert (str(fast.status), fast.gap) == ("feasible", pytest.approx(0.5))
     proven = solvers.solve(problem, budget, solver="ilp_peak", time_limit=10)
     assert ran == ["exact", "bound"] and str(proven.status) == "optimal"
+
+
+def test_the_refusal_probe_is_solved_once_per_problem(monkeypatch):
+    """The Inductor fit refuses several budgets of one graph; the probe behind each refusal's
+    minimum (up to ten saved-bytes caps) is the same for every budget, so it is solved once per
+    problem and settings, and an equal problem built again (the fit traces each candidate anew)
+    reuses it, its plans rebuilt on that problem."""
+    from remat_pass.solvers.peak import cap_search
+    from remat_pass.solvers.problem import Problem, Value
+
+    monkeypatch.setattr(cap_search, "_PROBED", cap_search.OrderedDict())
+    probed = []
+    solve_probe = cap_search.CapSearch._probed
+    monkeypatch.setattr(cap_search.CapSearch, "_probed", lambda self, f: probed.append(f) or solve_probe(self, f))
+
+    def chain() -> Problem:
+        x = Value(0, "x", (), storage=0, available=True)
+        values = [Value(i, name, (i - 1,), storage=i, recompute_seconds=1e-3) for i, name in enumerate("abcd", start=1)]
+        return Problem((x, *values), (0, 100, 100, 100, 100), frozenset({1, 2, 3, 4}))
+
+    minimums = []
+    for budget in (99, 120, 90):
+        with pytest.raises(BudgetInfeasibleError) as raised:
+            solvers.solve(chain(), budget, solver="ilp_peak", time_limit=1, prove=False)
+        minimums.append(raised.value.min_bytes)
+    assert len(probed) == 1
+    assert len(set(minimums)) == 1 and minimums[0] > 120
+    problem = chain()
+    plan = solvers.solve(problem, minimums[0], solver="ilp_peak", time_limit=1, prove=False)
+    assert plan.problem is problem and plan.predicted_peak_bytes <= minimums[0]

@@ -26,8 +26,8 @@ from torch import fx
 
 from .capture_errors import capture_failure
 from .loss_chunking import ChunkLoss, chunk_losses, copied
-from ..compat import (PartitionerBase, checkpoint_side_effects_run_once, has_custom_partitioner, is_fake,
-                      use_boxed_codegen)
+from .inductor_compile import CompiledPlans, compile_with_inductor
+from ..compat import checkpoint_side_effects_run_once, has_custom_partitioner, is_fake, use_boxed_codegen
 from ..errors import CaptureError
 from .state import untouched
 
@@ -53,6 +53,7 @@ class JointGraph:
     partition_kwargs: Mapping[str, Any] = field(default_factory=dict)
     step_inputs: StepInputs | None = field(default=None, repr=False, compare=False)
     compiler: str = "eager"
+    identity: str | None = None  # the compile's identity in Inductor's caches (``inductor_compile``)
 
 
 class StepInputs:
@@ -94,6 +95,8 @@ class _Compiling(threading.local):
     partition function fake tensors only)."""
 
     inputs: StepInputs | None = None
+    identity: str | None = None  # Inductor's cache identity of the compile (inductor_compile)
+    partitioned: bool = False
 
 
 def _recording_inputs(compiling: _Compiling, compile_fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -115,7 +118,9 @@ def _partition_fn(handler: JointGraphHandler, compiling: _Compiling,
         joint_module: fx.GraphModule, _joint_inputs: Any, *, num_fwd_outputs: int, **kwargs: Any
     ) -> tuple[fx.GraphModule, fx.GraphModule]:
         kwargs.pop("compiler", None)
-        return handler(JointGraph(joint_module, num_fwd_outputs, dict(kwargs), compiling.inputs, compiler))
+        compiling.partitioned = True
+        return handler(JointGraph(joint_module, num_fwd_outputs, dict(kwargs), compiling.inputs, compiler,
+                                  compiling.identity))
 
     return partition
 
@@ -136,39 +141,19 @@ def _boxed_eager(gm: fx.GraphModule, _example_inputs: Sequence[Any]) -> Callable
     return run
 
 
-class _InductorPartitioner(PartitionerBase):  # type: ignore[misc,valid-type]
-    """Our partition function in the shape Inductor accepts as ``custom_partitioner_fn``."""
-
-    def __init__(self, handler: JointGraphHandler, compiling: _Compiling) -> None:
-        self._partition = _partition_fn(handler, compiling, "inductor")
-
-    def __call__(self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any):
-        return self._partition(gm, joint_inputs, **kwargs)
-
-    def uuid(self) -> None:
-        # Plans depend on the budget and the solver; never let Inductor's caches reuse one.
-        return None
-
-
-def _inductor_backend(handler: JointGraphHandler) -> Callable[[fx.GraphModule, list[Any]], Any]:
-    from torch._inductor import config as inductor_config
-    from torch._inductor.compile_fx import compile_fx
-
+def _inductor_backend(handler: JointGraphHandler, plans: CompiledPlans | None) -> Callable[[fx.GraphModule, list[Any]], Any]:
     if not has_custom_partitioner():
         raise CaptureError(
             f"inner='inductor' needs torch._inductor.config.custom_partitioner_fn, which torch "
             f"{torch.__version__} lacks; use inner='eager' or a newer torch"
         )
     compiling = _Compiling()
-    partitioner = _InductorPartitioner(handler, compiling)
+    partition = _partition_fn(handler, compiling, "inductor")
 
-    def compile_with_inductor(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
-        # The FX graph cache would try to pickle the partitioner into its key; plans are not
-        # cacheable anyway (they depend on the budget), so compile without it.
-        with inductor_config.patch(custom_partitioner_fn=partitioner, fx_graph_cache=False):
-            return compile_fx(gm, example_inputs)
+    def compile_(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+        return compile_with_inductor(gm, example_inputs, partition, compiling, plans)
 
-    return _recording_inputs(compiling, compile_with_inductor)
+    return _recording_inputs(compiling, compile_)
 
 
 def _chunking_losses(config: ChunkLoss | None, compile_fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -187,11 +172,12 @@ def _chunking_losses(config: ChunkLoss | None, compile_fn: Callable[..., Any]) -
 
 
 def make_dynamo_backend(handler: JointGraphHandler, inner: str = "eager",
-                        chunk_loss: ChunkLoss | None = None) -> Callable[..., Any]:
+                        chunk_loss: ChunkLoss | None = None, plans: CompiledPlans | None = None) -> Callable[..., Any]:
     """A ``torch.compile`` backend that partitions every joint graph with ``handler``; with
-    ``chunk_loss``, each graph's language-model loss is chunked first (``loss_chunking``)."""
+    ``chunk_loss``, each graph's language-model loss is chunked first (``loss_chunking``).
+    ``plans``: with Inductor, where its caches may answer a compile (``inductor_compile``)."""
     if inner == "inductor":
-        return _chunking_losses(chunk_loss, _inductor_backend(handler))
+        return _chunking_losses(chunk_loss, _inductor_backend(handler, plans))
     if inner != "eager":
         raise ValueError(f"inner compiler must be one of {INNER_COMPILERS}, got {inner!r}")
     from torch._dynamo.backends.common import aot_autograd

@@ -53,7 +53,7 @@ from ..compat import backward_compiled_with_forward, has_custom_partitioner
 from ..annotate.costs import CostModel, DeviceProfile, parse_costs
 from ..rewrite.offload import check_offload_options, parse_host_budget
 from .inductor_fit import SamePlan, fit_peak, plan_identity
-from .plan_cache import PlanCache, as_plan_cache
+from .plan_cache import PlanCache, Refusal, as_plan_cache, compiled_key
 from .plan_cache import from_text as plan_cache_from_text
 from ..planning.progress import phase
 from ..errors import InvalidBudgetError
@@ -169,7 +169,7 @@ class RematBackend:
         self.plans: list[Plan] = []
         self._on_plan = on_plan
         self._lock = threading.Lock()
-        self._compile = make_dynamo_backend(self._partition, inner, chunking)
+        self._compile = make_dynamo_backend(self._partition, inner, chunking, self)
         self._chunk_when_infeasible = chunk_loss is None
         # Inductor under a peak budget: the budget is fitted to the compiled program (inductor_fit).
         self.fits_compiled_peak = inner == "inductor" and resolve_budget_kind(parsed, budget_kind) is BudgetKind.PEAK
@@ -196,21 +196,52 @@ class RematBackend:
         return fitted if asked is None else replace(fitted, budget=Budget(nbytes=asked), budget_kind=BudgetKind.PEAK)
 
     def _partition(self, joint: JointGraph) -> tuple[fx.GraphModule, fx.GraphModule]:
-        fitting = getattr(self._fitting, "seen", None) is not None
         try:
             planned = plan_joint_graph(joint, self._options_now())
         except solvers.BudgetInfeasibleError as error:
             error.args = (f"{error.args[0]} (graph {len(self.plans) + 1} compiled by this backend, covering "
                           f"{_describe_joint(joint)}). To plan such a piece at its own minimum instead, pass "
                           f"on_infeasible='clamp'.",)
+            if joint.identity is not None and self.options.plan_cache is not None:
+                self.options.plan_cache.put_compiled(joint.identity, Refusal.of(error))
             raise
-        if fitting:
-            if plan_identity(planned.plan) in self._fitting.seen:
-                raise SamePlan(plan_identity(planned.plan))
-            self._fitting.made.append(planned.plan)
-        else:
-            self._record(planned.plan)
+        if joint.identity is not None and self.options.plan_cache is not None:
+            self.options.plan_cache.put_compiled(joint.identity, planned.plan)
+        self._planned(planned.plan)
         return planned.forward, planned.backward
+
+    def _planned(self, plan: Plan) -> None:
+        """Take ``plan`` as the plan of the compile in progress: a fitting attempt's candidate
+        (``SamePlan`` if it was measured already), else one of ``plans``."""
+        if getattr(self._fitting, "seen", None) is None:
+            self._record(plan)
+            return
+        if plan_identity(plan) in self._fitting.seen:
+            raise SamePlan(plan_identity(plan))
+        self._fitting.made.append(plan)
+
+    def compiled_identity(self, graph: str) -> str | None:
+        """The identity Inductor's caches keep a compile of the graph ``graph`` under
+        (``capture.inductor_compile``): the graph and every planning input in force now (a
+        fitting attempt's budget included); None, so never answered by a cache, without a plan
+        cache to keep its plan beside it."""
+        return None if self.options.plan_cache is None else compiled_key(graph, self._options_now())
+
+    def reuse_compiled(self, identity: str) -> bool:
+        """Inductor's caches answered a compile without planning: its stored plan is this compile's."""
+        plan = None if self.options.plan_cache is None else self.options.plan_cache.get_compiled(identity)
+        if not isinstance(plan, Plan):
+            return False
+        self._planned(plan)
+        return True
+
+    def refuse_as_before(self, identity: str) -> None:
+        """A compile refused before (``BudgetInfeasibleError``) is refused again, before any tracing."""
+        found = None if self.options.plan_cache is None else self.options.plan_cache.get_compiled(identity, count=False)
+        if isinstance(found, Refusal):
+            logger.info("compile %s was refused before with these settings; refused again without planning",
+                        identity[:12])
+            raise found.error()
 
     def _record(self, plan: Plan) -> None:
         with self._lock:
@@ -256,7 +287,7 @@ class RematBackend:
                            chunking: ChunkLoss | None, pin: Pin | None, *, strict: bool) -> Any:
         """``gm`` compiled by ``inner`` with its loss whole or chunked, planned under ``pin`` (else
         the user's budget), refused rather than clamped when ``strict``."""
-        compile_ = make_dynamo_backend(self._partition, inner, chunking)
+        compile_ = make_dynamo_backend(self._partition, inner, chunking, self)
         self._choosing.pin, self._choosing.strict = pin, strict
         try:
             return compile_(gm, example_inputs)
@@ -293,7 +324,7 @@ class RematBackend:
             logger.info("no plan of the whole loss compiled by Inductor fits (%s); fitting the loss chunked", refused)
             self._choosing.pin = Pin(refused.budget_bytes, refused.kind)
             try:
-                return self._fit(gm, example_inputs, make_dynamo_backend(self._partition, "inductor", chunking),
+                return self._fit(gm, example_inputs, make_dynamo_backend(self._partition, "inductor", chunking, self),
                                  clamp=clamp)
             except solvers.BudgetInfeasibleError as error:
                 refused = min((refused, error), key=lambda e: e.min_bytes)

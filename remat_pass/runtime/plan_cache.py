@@ -66,6 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from remat_pass.solvers.analysis.memory import simulate_plan
+from remat_pass.solvers.errors import BudgetInfeasibleError
 from remat_pass.solvers.problem import Plan, Problem
 from remat_pass.solvers.status import CLOSED_GAP, Status, relative_gap
 
@@ -154,10 +155,44 @@ def code_digest() -> str:
     return digest.hexdigest()
 
 
+def compiled_key(graph: str, options: Any) -> str:
+    """The identity of compiling a graph (``inductor_compile.graph_digest``) under ``options``:
+    what Inductor's caches key that compile by, and what its plan is stored under."""
+    record = {"graph": graph, "options": _planning_inputs(options)}
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+
+
 def cache_key(problem: Problem, options: Any) -> str:
     """The file name a plan for ``problem`` under ``options`` is stored as."""
     record = {"problem": problem_digest(problem), "options": _planning_inputs(options)}
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    """A budget refused (``BudgetInfeasibleError``), stored so that the same compile is refused
+    again without tracing and planning: the Inductor fit's refused candidates, whose refusals
+    AOTAutograd's cache does not keep, took 27 s each to plan again in a restarted job."""
+
+    budget_bytes: int
+    min_bytes: int
+    keep_all_bytes: int
+    kind: str
+    proven_min_bytes: int | None
+    input_bytes: int
+    message: str
+
+    @classmethod
+    def of(cls, error: BudgetInfeasibleError) -> "Refusal":
+        return cls(error.budget_bytes, error.min_bytes, error.keep_all_bytes, error.kind, error.proven_min_bytes,
+                   error.input_bytes, str(error.args[0]) if error.args else "")
+
+    def error(self) -> BudgetInfeasibleError:
+        """The refusal raised again, its message as it was."""
+        error = BudgetInfeasibleError(self.budget_bytes, self.min_bytes, self.keep_all_bytes, self.kind,
+                                      proven_min_bytes=self.proven_min_bytes, input_bytes=self.input_bytes)
+        error.args = (self.message,)
+        return error
 
 
 @dataclasses.dataclass
@@ -191,10 +226,43 @@ class PlanCache:
         """Where results found before tracing are stored (``planning.trace_key``), beside the plans."""
         return self.directory / "traced"
 
+    @property
+    def compiled_directory(self) -> Path:
+        """Where the plans of compiles Inductor's caches may answer are stored (``inductor_compile``)."""
+        return self.directory / "compiled"
+
     def get_traced(self, key: str) -> Any | None:
         """What ``put_traced`` stored under ``key`` (a pre-trace key), or None; a hit is counted
         in ``hits``, a miss is not (the traced path that follows looks the plan up again)."""
-        path = self.traced_directory / f"{key}.pickle"
+        found = self._read_pickled(self.traced_directory, key)
+        if found is not None:
+            logger.info("plan cache hit %s in %s before tracing: skipping the trace and the solve (%d hits, %d "
+                        "misses)", key[:12], self.traced_directory, self.hits, self.misses)
+        return found
+
+    def put_traced(self, key: str, result: Any) -> None:
+        """Store ``result`` (remat_pass's own frozen records: a ``PlanReport`` with its plan and
+        problem) under a pre-trace ``key``; pickled, read back by ``get_traced`` alone."""
+        self._write_pickled(self.traced_directory, key, result)
+
+    def get_compiled(self, identity: str, *, count: bool = True) -> "Plan | Refusal | None":
+        """What ``put_compiled`` stored for a compile's ``identity`` (``compiled_key``): its plan,
+        its refusal, or None; a hit is counted in ``hits`` when ``count``."""
+        found = self._read_pickled(self.compiled_directory, identity, count=count)
+        if not isinstance(found, (Plan, Refusal)):
+            return None
+        if count:
+            logger.info("plan cache hit %s in %s: a compile answered before, its %s read back (%d hits, %d misses)",
+                        identity[:12], self.compiled_directory, "plan" if isinstance(found, Plan) else "refusal",
+                        self.hits, self.misses)
+        return found
+
+    def put_compiled(self, identity: str, outcome: "Plan | Refusal") -> None:
+        """Store the plan (with its problem) or the refusal of the compile ``identity``."""
+        self._write_pickled(self.compiled_directory, identity, outcome)
+
+    def _read_pickled(self, directory: Path, key: str, *, count: bool = True) -> Any | None:
+        path = directory / f"{key}.pickle"
         try:
             with path.open("rb") as handle:
                 found = _RecordUnpickler(handle).load()
@@ -202,23 +270,20 @@ class PlanCache:
             return None
         except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError, TypeError,
                 ValueError) as error:
-            logger.warning("plan cache file %s is unreadable (%s); tracing", path, error)
+            logger.warning("plan cache file %s is unreadable (%s); planning again", path, error)
             return None
-        self.hits += 1
-        logger.info("plan cache hit %s in %s before tracing: skipping the trace and the solve (%d hits, %d misses)",
-                    key[:12], self.traced_directory, self.hits, self.misses)
+        self.hits += count
         return found
 
-    def put_traced(self, key: str, result: Any) -> None:
-        """Store ``result`` (remat_pass's own frozen records: a ``PlanReport`` with its plan and
-        problem) under a pre-trace ``key``; pickled, read back by ``get_traced`` alone."""
+    @staticmethod
+    def _write_pickled(directory: Path, key: str, record: Any) -> None:
         try:
-            self.traced_directory.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile("wb", dir=self.traced_directory, suffix=".tmp", delete=False) as handle:
-                pickle.dump(result, handle, protocol=pickle.HIGHEST_PROTOCOL)
-            os.replace(handle.name, self.traced_directory / f"{key}.pickle")
+            directory.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("wb", dir=directory, suffix=".tmp", delete=False) as handle:
+                pickle.dump(record, handle, protocol=pickle.HIGHEST_PROTOCOL)
+            os.replace(handle.name, directory / f"{key}.pickle")  # atomic: readers never see half a file
         except (OSError, pickle.PicklingError, TypeError, AttributeError) as error:
-            logger.warning("could not write the plan cache in %s: %s", self.traced_directory, error)
+            logger.warning("could not write the plan cache in %s: %s", directory, error)
 
     def get(self, problem: Problem, options: Any, key: str | None = None) -> tuple[Plan, dict[str, Any]] | None:
         """The stored plan for ``problem`` under ``options`` and the budget it was made for, or None
@@ -366,5 +431,6 @@ def as_plan_cache(value: PlanCache | str | os.PathLike[str] | bool | None) -> Pl
     raise TypeError(f"plan_cache must be a PlanCache, a directory path, True, False or None, got {type(value).__name__}")
 
 
-__all__ = ["DEFAULT_DIRECTORY", "OFF_WORDS", "PlanCache", "from_text", "as_plan_cache", "cache_key", "canonical", "code_digest",
+__all__ = ["DEFAULT_DIRECTORY", "OFF_WORDS", "PlanCache", "Refusal", "from_text", "as_plan_cache", "cache_key", "canonical",
+           "code_digest", "compiled_key",
            "default_directory", "planning_versions", "problem_digest"]
