@@ -112,9 +112,10 @@ def test_inductor_pickles_the_partitioner_as_its_identity_alone():
 
 @pytest.mark.slow
 def test_a_fitted_peak_budget_is_fitted_again_from_the_caches(tmp_path, monkeypatch):
-    """Under a peak budget each fitting candidate is a compile of its own; a second run of the fit
-    is answered candidate by candidate (the same measurements, so the same budgets asked) and
-    ends on the same plan, within the budget, without planning."""
+    """Under a peak budget each fitting candidate is a compile of its own. Where a fit ended is
+    stored: a second run compiles that candidate alone, answered by Inductor's caches, measures
+    it once, and runs it: the same plan, within the budget, nothing planned. If it no longer
+    measures within the budget, the fit runs from the start (each candidate answered by the caches)."""
     model, inputs, loss_fn = make_case("gpt")
     planned = _planned_joint_graphs(monkeypatch)
     budget = 160_000
@@ -122,11 +123,20 @@ def test_a_fitted_peak_budget_is_fitted_again_from_the_caches(tmp_path, monkeypa
                                      plan_cache=tmp_path)
     made = len(planned)
     assert made >= 1
+    assert made >= 2, "the budget should take more than one candidate to fit"
+    hits = counters["aot_autograd"]["autograd_cache_hit"]
     second, actual = _compiled_step(copy.deepcopy(model), inputs, loss_fn, budget=budget, budget_kind="peak",
                                     plan_cache=tmp_path)
     assert len(planned) == made
+    assert counters["aot_autograd"]["autograd_cache_hit"] == hits + 1  # the chosen candidate alone
     assert [plan_identity(p) for p in second.plans] == [plan_identity(p) for p in first.plans]
     assert all(torch.equal(actual.grads[name], grad) for name, grad in expected.grads.items())
+
+    monkeypatch.setattr(dynamo_backend, "refit", lambda *args: None)  # as if it measured over the budget now
+    third, _ = _compiled_step(copy.deepcopy(model), inputs, loss_fn, budget=budget, budget_kind="peak",
+                              plan_cache=tmp_path)
+    assert len(planned) == made and counters["aot_autograd"]["autograd_cache_hit"] > hits + 2
+    assert [plan_identity(p) for p in third.plans] == [plan_identity(p) for p in first.plans]
 
 
 def test_a_refused_compile_is_refused_again_without_tracing(tmp_path, monkeypatch):

@@ -46,13 +46,14 @@ from remat_pass.solvers.problem import Plan
 from ..planning.budget import Budget, parse_budget
 from ..annotate.attribution import module_path
 from ..capture.capture import INNER_COMPILERS, JointGraph, make_dynamo_backend
+from ..capture.inductor_compile import graph_digest
 from ..capture.loss_chunking import (ChunkLoss, LossGradients, as_chunk_loss, chunk_for_budget, chunkable,
                                      chunking_extra_flops, would_split)
 from ..planning.loss_choice import Pin, choose_loss
 from ..compat import backward_compiled_with_forward, has_custom_partitioner
 from ..annotate.costs import CostModel, DeviceProfile, parse_costs
 from ..rewrite.offload import check_offload_options, parse_host_budget
-from .inductor_fit import SamePlan, fit_peak, plan_identity
+from .inductor_fit import FitOutcome, SamePlan, fit_peak, plan_identity, refit
 from .plan_cache import PlanCache, Refusal, as_plan_cache, compiled_key
 from .plan_cache import from_text as plan_cache_from_text
 from ..planning.progress import phase
@@ -325,7 +326,7 @@ class RematBackend:
             self._choosing.pin = Pin(refused.budget_bytes, refused.kind)
             try:
                 return self._fit(gm, example_inputs, make_dynamo_backend(self._partition, "inductor", chunking, self),
-                                 clamp=clamp)
+                                 clamp=clamp, variant=repr(chunking))
             except solvers.BudgetInfeasibleError as error:
                 refused = min((refused, error), key=lambda e: e.min_bytes)
             finally:
@@ -339,8 +340,12 @@ class RematBackend:
         return self._eager_fallback(gm, example_inputs)
 
     def _fit(self, gm: fx.GraphModule, example_inputs: list[Any], compile_: Callable[..., Any], *,
-             clamp: bool) -> Any:
-        """``inductor_fit.fit_peak`` over ``compile_``'s candidates; the chosen plan recorded."""
+             clamp: bool, variant: str = "whole") -> Any:
+        """``inductor_fit.fit_peak`` over ``compile_``'s candidates (``variant`` names the loss's
+        form), the chosen plan recorded; where a fit of this graph under these settings ended
+        before (the plan cache keeps it), its chosen candidate is measured first (``refit``)."""
+        asked_of: dict[tuple[frozenset[int], ...], int | None] = {}
+
         def compile_at(asked: int | None, seen: set[tuple[frozenset[int], ...]]) -> tuple[Any, Plan]:
             self._fitting.asked, self._fitting.seen, self._fitting.made = asked, seen, []
             try:
@@ -350,9 +355,19 @@ class RematBackend:
                 made, self._fitting.seen = self._fitting.made, None
             if not made:  # no backward, so nothing planned: nothing to fit
                 raise _Unplanned(compiled)
+            asked_of[plan_identity(made[-1])] = asked
             return compiled, made[-1]
 
-        chosen = fit_peak(compile_at, example_inputs, clamp=clamp)
+        cache = self.options.plan_cache
+        key = None if cache is None else compiled_key(f"{graph_digest(gm, example_inputs)} fit {variant}",
+                                                       self._options_now())
+        before = None if cache is None or key is None else cache.get_compiled(key)
+        chosen = refit(compile_at, example_inputs, before) if isinstance(before, FitOutcome) else None
+        if chosen is None:
+            chosen = fit_peak(compile_at, example_inputs, clamp=clamp)
+            target = chosen.plan.budget_bytes
+            if cache is not None and key is not None and target is not None and chosen.measured_bytes <= target:
+                cache.put_compiled(key, FitOutcome(target, asked_of.get(plan_identity(chosen.plan))))
         self._record(chosen.plan)
         return chosen.compiled
 

@@ -41,6 +41,12 @@ a key made from the model, its inputs and the global state a trace reads (``plan
 which says what that key cannot see); those results are pickled under ``traced/`` and read back by
 an unpickler that builds remat_pass's records only (``get_traced``, ``put_traced``).
 
+Under Inductor a compile is also cached by Inductor's own caches, keyed by the graph and every
+planning input (``compiled_key``; ``capture.inductor_compile``); on their hit nothing is traced or
+planned, so what the compile's planning produced is stored under ``compiled/`` by that key: its
+``Plan`` (with its problem), its refusal (``Refusal``), or where a peak budget's fit ended
+(``inductor_fit.FitOutcome``). Pickled and read back like ``traced/``.
+
 Quantizing the measured costs into the key was the alternative; it was not taken because a
 graph has hundreds of ops, and one of them jittering across a bucket edge is a miss. Hits and misses are logged at INFO and counted
 (``cache.hits``, ``cache.misses``). A file that cannot be read is a miss (and is overwritten);
@@ -245,20 +251,19 @@ class PlanCache:
         problem) under a pre-trace ``key``; pickled, read back by ``get_traced`` alone."""
         self._write_pickled(self.traced_directory, key, result)
 
-    def get_compiled(self, identity: str, *, count: bool = True) -> "Plan | Refusal | None":
+    def get_compiled(self, identity: str, *, count: bool = True) -> Any | None:
         """What ``put_compiled`` stored for a compile's ``identity`` (``compiled_key``): its plan,
-        its refusal, or None; a hit is counted in ``hits`` when ``count``."""
+        its refusal, a fit's outcome (``inductor_fit.FitOutcome``), or None; a hit is counted in
+        ``hits`` when ``count``."""
         found = self._read_pickled(self.compiled_directory, identity, count=count)
-        if not isinstance(found, (Plan, Refusal)):
-            return None
-        if count:
+        if found is not None and count:
             logger.info("plan cache hit %s in %s: a compile answered before, its %s read back (%d hits, %d misses)",
-                        identity[:12], self.compiled_directory, "plan" if isinstance(found, Plan) else "refusal",
-                        self.hits, self.misses)
+                        identity[:12], self.compiled_directory, type(found).__name__, self.hits, self.misses)
         return found
 
-    def put_compiled(self, identity: str, outcome: "Plan | Refusal") -> None:
-        """Store the plan (with its problem) or the refusal of the compile ``identity``."""
+    def put_compiled(self, identity: str, outcome: Any) -> None:
+        """Store the plan (with its problem), the refusal or the fit's outcome of the compile ``identity``
+        (remat_pass's own records only: ``_RecordUnpickler`` reads nothing else back)."""
         self._write_pickled(self.compiled_directory, identity, outcome)
 
     def _read_pickled(self, directory: Path, key: str, *, count: bool = True) -> Any | None:
