@@ -295,3 +295,18 @@ def test_a_compile_that_fails_inside_inductor_is_named_as_inductors_not_as_a_rem
     assert "remat_pass bug" not in blamed["inductor"]
     # Inductor calls our partitioner: an error raised in it is ours, Inductor's frames above it.
     assert "remat_pass bug" in blamed["ours"] and "remat_pass bug" in blamed["elsewhere"]
+
+
+def test_only_the_fits_first_candidate_probes_a_refusals_minimum():
+    """The first candidate (the user's own budget) probes the trade-off curve for a refusal's
+    minimum, which the fit reads to choose its next budget; a re-asked candidate's refusal only
+    moves the bracket, so it skips the probe (27 s of a 12-layer GPT-2's fit)."""
+    backend = remat_pass.backend(budget="1MB", budget_kind="peak", inner="inductor", chunk_loss=False)
+    backend._fitting.seen = set()
+    backend._fitting.asked = None
+    first = backend._options_now()
+    backend._fitting.asked = 900_000
+    again = backend._options_now()
+    backend._fitting.seen = None
+    assert first.probe_minimum and not again.probe_minimum and again.budget.nbytes == 900_000
+    assert backend._options_now().probe_minimum

@@ -270,3 +270,20 @@ def test_the_refusal_probe_is_solved_once_per_problem(monkeypatch):
     problem = chain()
     plan = solvers.solve(problem, minimums[0], solver="ilp_peak", time_limit=1, prove=False)
     assert plan.problem is problem and plan.predicted_peak_bytes <= minimums[0]
+
+
+def test_a_caller_that_only_moves_on_can_skip_the_refusal_probe(monkeypatch):
+    """``probe_minimum=False`` (the Inductor fit's re-asked candidates): a refusal states the
+    lowest peak of the plans the search tried, without probing the trade-off curve."""
+    from remat_pass.solvers.peak import cap_search
+    from remat_pass.solvers.problem import Problem, Value
+
+    monkeypatch.setattr(cap_search, "_PROBED", cap_search.OrderedDict())
+    probed = []
+    monkeypatch.setattr(cap_search.CapSearch, "_probed", lambda self, f: probed.append(f) or [])
+    x = Value(0, "x", (), storage=0, available=True)
+    values = [Value(i, name, (i - 1,), storage=i, recompute_seconds=1e-3) for i, name in enumerate("abcd", start=1)]
+    problem = Problem((x, *values), (0, 100, 100, 100, 100), frozenset({1, 2, 3, 4}))
+    with pytest.raises(BudgetInfeasibleError) as raised:
+        solvers.solve(problem, 99, solver="ilp_peak", time_limit=1, prove=False, probe_minimum=False)
+    assert not probed and raised.value.kind == "peak" and raised.value.min_bytes > 99

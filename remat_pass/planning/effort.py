@@ -48,12 +48,16 @@ def planning_effort(time_limit: float | None, prove: bool | None) -> tuple[float
     return time_limit, prove is not False
 
 
-def effort_options(solver: str, time_limit: float, prove: bool, search_before_refusing: bool = True) -> dict[str, Any]:
+def effort_options(solver: str, time_limit: float, prove: bool, search_before_refusing: bool = True,
+                   probe_minimum: bool = True) -> dict[str, Any]:
     """The options that carry the effort to a planner that searches for a budget: its time limit,
     and for one with proof work it can skip (``ilp_peak``) whether to do it and, without it, how
     long to search before refusing a budget (at least ``REFUSAL_TIME_LIMIT``, unless
     ``search_before_refusing`` is off: the Inductor fit, where a refusal moves the fit to another
     budget; a 2-layer HF GPT-2's fit at torch's 0.1 point took 56 s with the longer search, 42 s without, one run each).
+    ``probe_minimum`` off: a refusal states the lowest peak the search tried, without the probe of
+    the trade-off curve that makes the stated minimum one a plan was found for (the fit's re-asked
+    candidates, whose refusals only move the fit's bracket).
 
     >>> effort_options("ilp_peak", 2.0, False)
     {'time_limit': 2.0, 'prove': False, 'refusal_time_limit': 10.0}
@@ -67,4 +71,6 @@ def effort_options(solver: str, time_limit: float, prove: bool, search_before_re
         options["prove"] = prove
         if not prove and search_before_refusing:
             options["refusal_time_limit"] = max(REFUSAL_TIME_LIMIT, time_limit)
+        if not probe_minimum:
+            options["probe_minimum"] = False
     return options

@@ -116,6 +116,9 @@ class PlanOptions:
     # Without proof work, search on before refusing a budget (effort.REFUSAL_TIME_LIMIT); off where a
     # refusal is not the answer the user gets (the Inductor fit then tries another budget: inductor_fit).
     search_before_refusing: bool = True
+    # A refused peak budget's error states a minimum a probe of the trade-off curve found (off for the
+    # Inductor fit's re-asked candidates: their refusal's minimum is never read; inductor_fit).
+    probe_minimum: bool = True
 
 
 # --- the budget -------------------------------------------------------------------------------
@@ -330,7 +333,7 @@ def _solve_one(problem: Problem, options: PlanOptions, budget: ResolvedBudget) -
         solver = "ilp_peak"
     if _bounds_budget(solver):  # the planners that search for a budget take a time limit (effort)
         for name, value in effort_options(solver, options.time_limit, options.prove,
-                                          options.search_before_refusing).items():
+                                          options.search_before_refusing, options.probe_minimum).items():
             extra.setdefault(name, value)
     if budget.kind is BudgetKind.PEAK and not options.offload and _as_given_fits(problem, solver, budget):
         plan = _no_more_than_as_given(problem, options, budget)
@@ -375,7 +378,8 @@ def _no_more_than_as_given(problem: Problem, options: PlanOptions, budget: Resol
     the model's own plan where the solver finds none better."""
     given = budget.as_given
     assert given is not None
-    effort = effort_options(options.solver, options.time_limit, options.prove, options.search_before_refusing)
+    effort = effort_options(options.solver, options.time_limit, options.prove, options.search_before_refusing,
+                            options.probe_minimum)
     try:  # the user's options win over the effort's, as in _solve_one
         plan = solvers.solve(problem, given.kept_bytes, solver=options.solver, **{**effort, **options.solver_options})
     except solvers.BudgetInfeasibleError:

@@ -194,7 +194,9 @@ class RematBackend:
         if getattr(self._fitting, "seen", None) is None:
             return options
         fitted = replace(options, on_infeasible=OnInfeasible.RAISE, search_before_refusing=False)
-        return fitted if asked is None else replace(fitted, budget=Budget(nbytes=asked), budget_kind=BudgetKind.PEAK)
+        # A re-asked candidate's refusal only moves the fit's bracket: its minimum is not probed.
+        return fitted if asked is None else replace(fitted, budget=Budget(nbytes=asked), budget_kind=BudgetKind.PEAK,
+                                                    probe_minimum=False)
 
     def _partition(self, joint: JointGraph) -> tuple[fx.GraphModule, fx.GraphModule]:
         try:
