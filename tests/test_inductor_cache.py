@@ -132,7 +132,7 @@ def test_a_fitted_peak_budget_is_fitted_again_from_the_caches(tmp_path, monkeypa
     assert [plan_identity(p) for p in second.plans] == [plan_identity(p) for p in first.plans]
     assert all(torch.equal(actual.grads[name], grad) for name, grad in expected.grads.items())
 
-    monkeypatch.setattr(dynamo_backend, "refit", lambda *args: None)  # as if it measured over the budget now
+    monkeypatch.setattr(dynamo_backend, "refit", lambda *args, **kwargs: None)  # as if it measured over the budget now
     third, _ = _compiled_step(copy.deepcopy(model), inputs, loss_fn, budget=budget, budget_kind="peak",
                               plan_cache=tmp_path)
     assert len(planned) == made and counters["aot_autograd"]["autograd_cache_hit"] > hits + 2

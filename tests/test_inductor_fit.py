@@ -310,3 +310,23 @@ def test_only_the_fits_first_candidate_probes_a_refusals_minimum():
     backend._fitting.seen = None
     assert first.probe_minimum and not again.probe_minimum and again.budget.nbytes == 900_000
     assert backend._options_now().probe_minimum
+
+
+def test_a_restarted_fit_takes_the_candidate_it_chose_before():
+    """``refit``: the candidate an earlier fit chose is compiled at the budget it was asked at;
+    answered by Inductor's caches (the very program measured before), its stored measurement
+    stands and no step runs; compiled anew, it is measured, and a measurement over the budget
+    (or a refusal) sends the fit back to the start."""
+    from remat_pass.runtime.inductor_fit import FitOutcome, refit
+
+    compiler = Compiler(lambda asked: asked)
+    outcome = FitOutcome(target=B, asked=970_000, measured_bytes=960_000)
+
+    def no_step(compiled, inputs):
+        raise AssertionError("a step ran")
+
+    chosen = refit(compiler, [], outcome, measure=no_step, answered_by_caches=lambda: True)
+    assert compiler.asked == [970_000] and chosen.measured_bytes == 960_000 and chosen.plan.budget_bytes == B
+    assert refit(compiler, [], outcome, measure=lambda c, i: 990_000).measured_bytes == 990_000
+    assert refit(compiler, [], outcome, measure=lambda c, i: B + 1) is None
+    assert refit(Compiler(lambda asked: asked, floor=2 * B), [], outcome) is None

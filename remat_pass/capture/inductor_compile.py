@@ -5,8 +5,9 @@ it for an identity (``uuid()``) that goes into the keys of its two caches: AOTAu
 (keyed by the Dynamo graph and the configs) and the FX graph cache (keyed by each compiled graph).
 An identity of None would let a compile made under one budget answer a compile under another, so
 with no identity both caches are off for our compiles, and every first call in a new process
-traces the joint graph, plans, rewrites and compiles again (a 4-layer GPT-2: 7.8 s against
-torch.compile's own 3.6 s from its caches; under a peak budget every fitting compile again).
+traces the joint graph, plans, rewrites and compiles again (a 4-layer GPT-2 under a saved-bytes
+budget, a throwaway measurement: 7.8 s against torch.compile's own 3.6 s from its caches; under a
+peak budget every fitting compile again: a 12-layer GPT-2 took 151.7 s, benchmarks/SCALING.md).
 
 With an identity (``CompiledPlans.compiled_identity``: the graph and everything that plans it),
 the caches work as they do for torch.compile: a second process's compile of the same graph under

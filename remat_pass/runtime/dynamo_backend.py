@@ -177,7 +177,8 @@ class RematBackend:
         # Inductor by default, not by request: a budget it cannot be fitted to runs eager instead.
         self._eager_fallback = (make_dynamo_backend(self._partition, "eager", chunking)
                                 if self.fits_compiled_peak and not inner_chosen else None)
-        self._fitting = threading.local()  # .asked, .seen, .made: one fitting attempt on this thread
+        # .asked, .seen, .made, .answered (by Inductor's caches): one fitting attempt on this thread
+        self._fitting = threading.local()
         self._choosing = threading.local()  # .pin, .strict: a candidate of the loss's chunking, this thread
 
     def _options_now(self) -> PlanOptions:
@@ -236,6 +237,7 @@ class RematBackend:
         if not isinstance(plan, Plan):
             return False
         self._planned(plan)
+        self._fitting.answered = True
         return True
 
     def refuse_as_before(self, identity: str) -> None:
@@ -350,6 +352,7 @@ class RematBackend:
 
         def compile_at(asked: int | None, seen: set[tuple[frozenset[int], ...]]) -> tuple[Any, Plan]:
             self._fitting.asked, self._fitting.seen, self._fitting.made = asked, seen, []
+            self._fitting.answered = False
             try:
                 with backward_compiled_with_forward():
                     compiled = compile_(gm, example_inputs)
@@ -364,12 +367,14 @@ class RematBackend:
         key = None if cache is None else compiled_key(f"{graph_digest(gm, example_inputs)} fit {variant}",
                                                        self._options_now())
         before = None if cache is None or key is None else cache.get_compiled(key)
-        chosen = refit(compile_at, example_inputs, before) if isinstance(before, FitOutcome) else None
+        chosen = (refit(compile_at, example_inputs, before, answered_by_caches=lambda: self._fitting.answered)
+                  if isinstance(before, FitOutcome) else None)
         if chosen is None:
             chosen = fit_peak(compile_at, example_inputs, clamp=clamp)
             target = chosen.plan.budget_bytes
             if cache is not None and key is not None and target is not None and chosen.measured_bytes <= target:
-                cache.put_compiled(key, FitOutcome(target, asked_of.get(plan_identity(chosen.plan))))
+                cache.put_compiled(key, FitOutcome(target, asked_of.get(plan_identity(chosen.plan)),
+                                                   chosen.measured_bytes))
         self._record(chosen.plan)
         return chosen.compiled
 

@@ -73,10 +73,11 @@ class Candidate:
 @dataclass(frozen=True)
 class FitOutcome:
     """Where a fit ended, stored so that a restarted job starts there (``refit``): the user's peak
-    budget, and the budget the chosen plan was asked at (None: the user's own)."""
+    budget, the budget the chosen plan was asked at (None: the user's own), and its measured peak."""
 
     target: int
     asked: int | None
+    measured_bytes: int
 
 
 def plan_identity(plan: Plan) -> tuple[frozenset[int], ...]:
@@ -206,22 +207,27 @@ def fit_peak(compile_at: CompileAt, inputs: Sequence[Any], *, attempts: int = AT
 
 
 def refit(compile_at: CompileAt, inputs: Sequence[Any], outcome: FitOutcome,
-          measure: Callable[[Callable[..., Any], Sequence[Any]], int | None] = measure_step_peak) -> Candidate | None:
+          measure: Callable[[Callable[..., Any], Sequence[Any]], int | None] = measure_step_peak,
+          answered_by_caches: Callable[[], bool] = lambda: False) -> Candidate | None:
     """The candidate an earlier fit chose, compiled again (in a restarted job, from Inductor's
-    caches) and measured once: the candidate if it still measures within the budget, else None
-    (fit from the start). A fit replayed from the caches would measure every candidate again
-    (a 12-layer GPT-2: five steps, 20 s against torch.compile's 6.6 s)."""
+    caches): the candidate if it measures within the budget, else None (fit from the start). A
+    fit replayed from the caches would measure every candidate again (a 12-layer GPT-2: five
+    steps, 20 s against torch.compile's 6.6 s). Where the compile was answered by Inductor's
+    caches (``answered_by_caches``) the program is the one measured before, bit for bit, on inputs
+    of the same shapes, so that measurement stands and no step runs; otherwise it is measured once."""
     try:
         compiled, plan = compile_at(outcome.asked, set())
     except (SamePlan, solvers.BudgetInfeasibleError):
         return None
-    measured = measure(compiled, inputs)
+    reused = answered_by_caches()
+    measured = outcome.measured_bytes if reused else measure(compiled, inputs)
     if measured is None or measured > outcome.target:
         logger.info("the plan an earlier fit chose measures %s bytes against the budget of %d; fitting again",
                     measured, outcome.target)
         return None
-    logger.info("peak budget %d: the plan an earlier fit chose (asked for %s bytes) measures %d bytes compiled by "
-                "Inductor (%.3f of the budget)", outcome.target, outcome.asked, measured, measured / outcome.target)
+    logger.info("peak budget %d: the plan an earlier fit chose (asked for %s bytes) %s %d bytes compiled by "
+                "Inductor (%.3f of the budget)", outcome.target, outcome.asked,
+                "was measured at" if reused else "measures", measured, measured / outcome.target)
     return Candidate(outcome.asked or outcome.target, _as_budgeted(plan, outcome.target), measured, compiled)
 
 
