@@ -155,3 +155,22 @@ def test_a_refused_compile_is_refused_again_without_tracing(tmp_path, monkeypatc
     assert len(planned) == 1
     assert all(isinstance(error, remat_pass.BudgetInfeasibleError) for error in refusals)
     assert str(refusals[0]) == str(refusals[1]) and refusals[0].min_bytes == refusals[1].min_bytes
+
+
+def test_a_graph_with_nothing_to_partition_is_compiled_once(tmp_path, caplog):
+    """Inputs that need gradients but outputs that do not: AOTAutograd compiles no backward and
+    calls no partitioner. That is remembered, so a cache hit of it (a restart) is not taken for a
+    hit whose plan is missing, which would compile it again."""
+    import logging
+
+    model = torch.nn.Linear(4, 4)
+    x = torch.randn(2, 4)
+    for _ in range(2):
+        backend = remat_pass.backend(budget=0.5, inner="inductor", chunk_loss=False, plan_cache=tmp_path)
+        compiled = torch.compile(lambda x: model(x).detach() * 2, backend=backend)
+        with caplog.at_level(logging.INFO, logger="remat_pass.capture.inductor_compile"):
+            out = compiled(x)
+        torch._dynamo.reset()
+        assert torch.allclose(out, model(x).detach() * 2)
+        assert not backend.plans
+    assert not any("compiling again" in record.getMessage() for record in caplog.records)

@@ -45,6 +45,10 @@ class CompiledPlans(Protocol):
         """Inductor's caches answered without partitioning: take the plan stored under
         ``identity`` as this compile's; False if none is stored."""
 
+    def remember_unplanned(self, identity: str) -> None:
+        """The compile ``identity`` had nothing to partition (no backward): a cache hit of it
+        needs no plan."""
+
     def refuse_as_before(self, identity: str) -> None:
         """Raise the refusal stored under ``identity``, if one is: a refused compile leaves
         nothing in Inductor's caches, and refusing again is the same answer without the trace."""
@@ -73,6 +77,13 @@ def graph_digest(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> str:
     for name, value in sorted(gm.state_dict(keep_vars=True).items()):
         digest.update(repr((name, _tensor_fields(value))).encode())
     return digest.hexdigest()
+
+
+def _autograd_cache_hits() -> int:
+    """How many compiles AOTAutograd's cache has answered in this process (its own counter)."""
+    from torch._dynamo.utils import counters
+
+    return counters["aot_autograd"]["autograd_cache_hit"]
 
 
 def _needs_backward(example_inputs: Sequence[Any]) -> bool:
@@ -127,12 +138,17 @@ def compile_with_inductor(gm: fx.GraphModule, example_inputs: list[Any],
         # Without an identity the caches could hand back a compile planned under other settings.
         with inductor_config.patch(custom_partitioner_fn=partitioner, fx_graph_cache=False):
             return compile_fx(gm, example_inputs)
+    hits = _autograd_cache_hits()
     with inductor_config.patch(custom_partitioner_fn=partitioner):
         compiled = compile_fx(gm, example_inputs)
-    if compiling.partitioned or plans is None or plans.reuse_compiled(identity):
-        if not compiling.partitioned:
-            logger.info("Inductor's caches answered the compile %s: no trace of the joint graph, no plan "
-                        "made, the stored plan reused", identity[:12])
+    if compiling.partitioned:
+        return compiled
+    if _autograd_cache_hits() == hits:  # compiled, and nothing to partition (no backward)
+        plans.remember_unplanned(identity)
+        return compiled
+    if plans is None or plans.reuse_compiled(identity):
+        logger.info("Inductor's caches answered the compile %s: no trace of the joint graph, no plan made, "
+                    "the stored plan reused", identity[:12])
         return compiled
     logger.info("Inductor's caches answered the compile %s but no plan is stored under it; compiling "
                 "again without AOTAutograd's cache", identity[:12])

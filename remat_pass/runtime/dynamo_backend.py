@@ -54,7 +54,7 @@ from ..compat import backward_compiled_with_forward, has_custom_partitioner
 from ..annotate.costs import CostModel, DeviceProfile, parse_costs
 from ..rewrite.offload import check_offload_options, parse_host_budget
 from .inductor_fit import FitOutcome, SamePlan, fit_peak, plan_identity, refit
-from .plan_cache import PlanCache, Refusal, as_plan_cache, compiled_key
+from .plan_cache import PlanCache, Refusal, Unplanned, as_plan_cache, compiled_key
 from .plan_cache import from_text as plan_cache_from_text
 from ..planning.progress import phase
 from ..errors import InvalidBudgetError
@@ -234,11 +234,18 @@ class RematBackend:
     def reuse_compiled(self, identity: str) -> bool:
         """Inductor's caches answered a compile without planning: its stored plan is this compile's."""
         plan = None if self.options.plan_cache is None else self.options.plan_cache.get_compiled(identity)
+        if isinstance(plan, Unplanned):
+            return True
         if not isinstance(plan, Plan):
             return False
         self._planned(plan)
         self._fitting.answered = True
         return True
+
+    def remember_unplanned(self, identity: str) -> None:
+        """A compile with nothing to plan: its cache hit will need no plan."""
+        if self.options.plan_cache is not None:
+            self.options.plan_cache.put_compiled(identity, Unplanned())
 
     def refuse_as_before(self, identity: str) -> None:
         """A compile refused before (``BudgetInfeasibleError``) is refused again, before any tracing."""

@@ -201,6 +201,11 @@ class Refusal:
         return error
 
 
+@dataclasses.dataclass(frozen=True)
+class Unplanned:
+    """A compile with nothing to plan (no backward graph): its cache hit needs no plan."""
+
+
 @dataclasses.dataclass
 class PlanCache:
     """Plans on disk under ``directory``, one JSON file per (problem, planning inputs) key.
@@ -436,6 +441,6 @@ def as_plan_cache(value: PlanCache | str | os.PathLike[str] | bool | None) -> Pl
     raise TypeError(f"plan_cache must be a PlanCache, a directory path, True, False or None, got {type(value).__name__}")
 
 
-__all__ = ["DEFAULT_DIRECTORY", "OFF_WORDS", "PlanCache", "Refusal", "from_text", "as_plan_cache", "cache_key", "canonical",
+__all__ = ["DEFAULT_DIRECTORY", "OFF_WORDS", "PlanCache", "Refusal", "Unplanned", "from_text", "as_plan_cache", "cache_key", "canonical",
            "code_digest", "compiled_key",
            "default_directory", "planning_versions", "problem_digest"]
