@@ -6,6 +6,7 @@
     python -m benchmarks.planning_time --first-step whole            # aot_eager, no remat_pass: the step whole
     python -m benchmarks.planning_time --first-step regional         # ... each block a nested_compile_region
     python -m benchmarks.planning_time --restart remat               # a job started twice: cold, then warm caches
+    python -m benchmarks.planning_time --restart optimize            # ... with optimize(..., inner="inductor")
 
 ``--solver-limits``: the problems are traced once (the first-call 12-layer HF GPT-2 on real tensors at
 its checkpointing peak; the scaling GPT at 12 and 48 layers and three small HF models on meta tensors,
@@ -13,7 +14,7 @@ at per-block checkpointing's simulated peak, halfway to keep-all's, and 0.85 of 
 ``ilp_peak`` without proof work solves each at every limit, with no search before a refusal, and at
 the default effort (``effort.effort_options``: 2 s, then on to 10 s before a refusal).
 ``--first-step``: a new process per run; the Inductor runs get a fresh ``TORCHINDUCTOR_CACHE_DIR``.
-``--restart inductor|remat``: ``--first-step`` in two new processes, one after the other, sharing
+``--restart inductor|remat|optimize``: ``--first-step`` in two new processes, one after the other, sharing
 one fresh ``TORCHINDUCTOR_CACHE_DIR`` and (remat) one fresh plan cache: the second process's first
 step is what restarting a job costs, its compiles answered by Inductor's caches where they can be
 (``remat_pass.capture.inductor_compile``).
@@ -103,10 +104,14 @@ def first_step(which: str, plan_cache: str | bool = False) -> None:
         backend: Any = "aot_eager"
     elif which == "inductor":
         backend = "inductor"
-    else:
+    elif which == "remat":
         backend = remat_pass.backend(budget=budget, budget_kind="peak", plan_cache=plan_cache)
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend=backend)
+    if which == "optimize":  # remat_pass.optimize with Inductor as its inner compiler
+        compiled = remat_pass.optimize(model, budget=budget, budget_kind="peak", inner="inductor",
+                                       plan_cache=plan_cache)
+    else:
+        compiled = torch.compile(model, backend=backend)
     for step in ("first", "second"):
         began = time.perf_counter()
         loss = compiled(tokens)
@@ -131,14 +136,14 @@ def restart(which: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.planning_time", description=__doc__.split("\n\n")[0])
     p.add_argument("--solver-limits", type=lambda text: [float(x) for x in text.split(",")], default=None)
-    p.add_argument("--first-step", choices=("inductor", "remat", "whole", "regional"), default=None)
+    p.add_argument("--first-step", choices=("inductor", "remat", "optimize", "whole", "regional"), default=None)
     p.add_argument("--plan-cache", default=None, help="remat's plan cache for --first-step (default: none)")
-    p.add_argument("--restart", choices=("inductor", "remat"), default=None)
+    p.add_argument("--restart", choices=("inductor", "remat", "optimize"), default=None)
     args = p.parse_args(argv)
     if args.restart:
         restart(args.restart)
         return
-    if args.first_step in ("inductor", "remat"):
+    if args.first_step in ("inductor", "remat", "optimize"):
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="inductor_"))  # cold, as a new machine
     if args.solver_limits:
         solver_limits(args.solver_limits)
