@@ -5,9 +5,9 @@ it for an identity (``uuid()``) that goes into the keys of its two caches: AOTAu
 (keyed by the Dynamo graph and the configs) and the FX graph cache (keyed by each compiled graph).
 An identity of None would let a compile made under one budget answer a compile under another, so
 with no identity both caches are off for our compiles, and every first call in a new process
-traces the joint graph, plans, rewrites and compiles again (a 4-layer GPT-2 under a saved-bytes
-budget, a throwaway measurement: 7.8 s against torch.compile's own 3.6 s from its caches; under a
-peak budget every fitting compile again: a 12-layer GPT-2 took 151.7 s, benchmarks/SCALING.md).
+traces the joint graph, plans, rewrites and compiles again: under a peak budget every fitting
+compile again (a 12-layer HF GPT-2's restart took 151.7 s against torch.compile's own 6.6 s;
+``python -m benchmarks.planning_time --restart remat``, benchmarks/SCALING.md "Restarting a job").
 
 With an identity (``CompiledPlans.compiled_identity``: the graph and everything that plans it),
 the caches work as they do for torch.compile: a second process's compile of the same graph under
@@ -132,12 +132,11 @@ def compile_with_inductor(gm: fx.GraphModule, example_inputs: list[Any],
                 if plans is not None and _needs_backward(example_inputs) else None)
     compiling.identity, compiling.partitioned = identity, False
     partitioner = InductorPartitioner(partition, identity)
-    if identity is not None and plans is not None:
-        plans.refuse_as_before(identity)
-    if identity is None:
+    if plans is None or identity is None:
         # Without an identity the caches could hand back a compile planned under other settings.
         with inductor_config.patch(custom_partitioner_fn=partitioner, fx_graph_cache=False):
             return compile_fx(gm, example_inputs)
+    plans.refuse_as_before(identity)
     hits = _autograd_cache_hits()
     with inductor_config.patch(custom_partitioner_fn=partitioner):
         compiled = compile_fx(gm, example_inputs)
@@ -146,15 +145,18 @@ def compile_with_inductor(gm: fx.GraphModule, example_inputs: list[Any],
     if _autograd_cache_hits() == hits:  # compiled, and nothing to partition (no backward)
         plans.remember_unplanned(identity)
         return compiled
-    if plans is None or plans.reuse_compiled(identity):
+    if plans.reuse_compiled(identity):
         logger.info("Inductor's caches answered the compile %s: no trace of the joint graph, no plan made, "
-                    "the stored plan reused", identity[:12])
+                    "what was stored under it reused", identity[:12])
         return compiled
     logger.info("Inductor's caches answered the compile %s but no plan is stored under it; compiling "
                 "again without AOTAutograd's cache", identity[:12])
     with inductor_config.patch(custom_partitioner_fn=partitioner), \
             functorch_config.patch(enable_autograd_cache=False):
-        return compile_fx(gm, example_inputs)
+        compiled = compile_fx(gm, example_inputs)
+    if not compiling.partitioned:  # nothing to partition after all: the next hit needs no plan
+        plans.remember_unplanned(identity)
+    return compiled
 
 
 __all__ = ["CompiledPlans", "InductorPartitioner", "compile_with_inductor", "graph_digest"]
