@@ -154,6 +154,11 @@ class Problem:
         """What the un-rematerialized step keeps: every value backward reads."""
         return self.bytes_of(self.backward_reads)
 
+    def forward_seconds(self) -> float:
+        """The cost model's time for the forward: every value the step computes, once (a step is
+        about three forwards, as ``explain`` estimates it)."""
+        return sum(v.recompute_seconds for v in self.values if not v.available)
+
 
 @dataclass(frozen=True)
 class Plan:

@@ -26,12 +26,24 @@ B = 1_000_000  # the user's peak budget in the models below
 
 
 @dataclass(frozen=True)
+class FakeProblem:
+    """What the fitting reads of a plan's problem: the cost model's forward time (0: no prices, so
+    the fit never stops for want of gain)."""
+
+    forward: float = 0.0
+
+    def forward_seconds(self) -> float:
+        return self.forward
+
+
+@dataclass(frozen=True)
 class FakePlan:
     """What the fitting reads of a plan; one plan per budget asked (``asked`` makes it distinct)."""
 
     asked: int
     budget_bytes: int
     predicted_extra_seconds: float
+    problem: FakeProblem = FakeProblem()
     recomputed: frozenset[int] = frozenset({1})
     kept: frozenset[int] = frozenset()
     offloaded: frozenset[int] = frozenset()
@@ -48,8 +60,10 @@ class Compiler:
     plan made at a peak budget of ``asked`` bytes (None: the user's ``B``). Plans asked below
     ``floor`` are refused, as the unfused model refuses them; less budget costs more recompute."""
 
-    def __init__(self, measured, floor: int = 0, same_below: int | None = None, same_above: int | None = None) -> None:
+    def __init__(self, measured, floor: int = 0, same_below: int | None = None, same_above: int | None = None,
+                 forward_seconds: float = 0.0) -> None:
         self.measured, self.floor, self.same_below, self.same_above = measured, floor, same_below, same_above
+        self.problem = FakeProblem(forward_seconds)
         self.asked: list[int | None] = []
 
     def __call__(self, asked, seen):
@@ -61,7 +75,7 @@ class Compiler:
             budget = max(budget, self.same_below)  # the model has no cheaper plan below this
         if self.same_above is not None and budget >= self.same_above:
             budget = B  # the model's plan at the user's budget fits this one too
-        plan = FakePlan(budget, budget, predicted_extra_seconds=(2 * B - budget) / B)
+        plan = FakePlan(budget, budget, predicted_extra_seconds=(2 * B - budget) / B, problem=self.problem)
         if plan_identity(plan) in seen:
             raise SamePlan(plan_identity(plan))
         return budget, plan  # the "compiled step" is the budget it was planned at
@@ -78,6 +92,36 @@ def test_a_compiled_program_over_its_model_is_planned_lower_until_it_fits():
     assert compiler.asked == [None, 785_000, 828_000]
     assert chosen.measured_bytes == 993_600
     assert chosen.plan.budget_bytes == B  # the record says the user's budget, not the asked one
+
+
+def test_no_further_candidate_is_compiled_for_a_gain_below_the_prices_error():
+    """As above, but the step is priced at 3 x 20 s: after 1.2 B (over; 1.0 s of recompute) and
+    0.942 B (within the budget; 1.215 s), a further candidate lies between and could save at most
+    0.215 s, 0.36% of the step, under ``MIN_GAIN`` (0.5%): two compiles, and the second runs. With a
+    step priced at 3 x 10 s (0.72%) the search goes on to the third."""
+    from remat_pass.runtime.inductor_fit import MIN_GAIN
+
+    assert MIN_GAIN == 0.005
+    compiler = Compiler(lambda asked: int(asked * 1.2), forward_seconds=20.0)
+    chosen = fit_peak(compiler, (), measure=compiler.measure)
+    assert compiler.asked == [None, 785_000] and chosen.measured_bytes == 942_000
+    compiler = Compiler(lambda asked: int(asked * 1.2), forward_seconds=10.0)
+    assert fit_peak(compiler, (), measure=compiler.measure).measured_bytes == 993_600
+    assert compiler.asked == [None, 785_000, 828_000]
+
+
+def test_the_gain_left_is_measured_from_the_plan_at_the_brackets_ceiling():
+    """Two plans measured over (asked at 1.0 and 0.9 MB: 0.5 and 0.6 s of recompute), one within
+    (0.8 MB: 0.7 s), a step of 3 x 10 s: a further budget is asked below 0.9 MB, where no plan
+    recomputes less than 0.6 s, so at most 0.1 s is left to gain (not 0.2 s)."""
+    from remat_pass.runtime.inductor_fit import Candidate, _gain_left
+
+    problem = FakeProblem(10.0)
+    made = [Candidate(asked, FakePlan(asked, asked, seconds, problem=problem), measured, None)
+            for asked, seconds, measured in ((B, 0.5, 1_100_000), (900_000, 0.6, 1_050_000), (800_000, 0.7, 960_000))]
+    assert _gain_left(made, B) == pytest.approx(0.1 / 30)
+    assert _gain_left(made[:2], B) == float("inf")  # none within the budget yet
+    assert _gain_left(made[2:], B) == pytest.approx(0.7 / 30)  # none over: against recomputing nothing
 
 
 def test_a_compiled_program_under_its_model_is_given_more_and_recomputes_less():

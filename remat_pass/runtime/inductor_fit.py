@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator, Sequence
 
@@ -49,6 +50,14 @@ minute on a CPU; the fitting is paid once per graph, at the first call)."""
 
 TOLERANCE = 0.03
 """A measured peak within this fraction under the budget is close enough: no more re-planning."""
+
+MIN_GAIN = 0.005
+"""Another candidate is compiled only while, by the planner's own prices, it could still save this
+fraction of the step's predicted time (three forwards, as ``explain`` estimates a step). Below it the
+prices' own error is larger than the gain, and each compile costs seconds to a minute: the 12-layer
+HF GPT-2's fit at Hugging Face checkpointing's peak compiled five candidates at 15-35 s each, the
+fourth to save a predicted 0.23% of the step over the third, the fifth measured over the budget
+(benchmarks/VS_INDUCTOR.md, "Fewer compiles")."""
 
 
 class SamePlan(Exception):
@@ -136,7 +145,7 @@ when the plan made is one of the given identities."""
 
 
 def fit_peak(compile_at: CompileAt, inputs: Sequence[Any], *, attempts: int = ATTEMPTS,
-             tolerance: float = TOLERANCE, clamp: bool = False,
+             tolerance: float = TOLERANCE, min_gain: float = MIN_GAIN, clamp: bool = False,
              measure: Callable[[Callable[..., Any], Sequence[Any]], int | None] = measure_step_peak) -> Candidate:
     """Compile and measure until a plan's compiled step peaks within ``tolerance`` under its budget;
     the cheapest candidate within the budget (least predicted recompute time, then the highest
@@ -152,7 +161,9 @@ def fit_peak(compile_at: CompileAt, inputs: Sequence[Any], *, attempts: int = AT
     measured (``SamePlan``: the unfused model predicts a plan that measured over the budget to fit
     under the lower one too) moves the bracket as that measurement did, its ceiling to that plan's
     predicted peak at most, and the search goes on: such an answer compiles nothing, so it is not
-    counted in ``attempts`` (compiles and refusals), but at most ``2 * attempts`` answers are taken."""
+    counted in ``attempts`` (compiles and refusals), but at most ``2 * attempts`` answers are taken.
+    The search also stops once no candidate left in the bracket could save ``min_gain`` of the
+    step's predicted time over the cheapest one within the budget (``_gain_left``)."""
     candidates: list[Candidate] = []
     seen: set[tuple[frozenset[int], ...]] = set()
     bracket = _Bracket()
@@ -200,6 +211,11 @@ def fit_peak(compile_at: CompileAt, inputs: Sequence[Any], *, attempts: int = AT
             bracket.ceiling = this if bracket.ceiling is None else min(bracket.ceiling, this)
         else:
             bracket.floor = max(bracket.floor, this)
+        gain = _gain_left(candidates, target)
+        if gain < min_gain:
+            logger.info("peak budget %d: no further candidate is compiled: the most one could save is %.2f%% of the "
+                        "step's predicted time", target, 100 * gain)
+            break
         asked = bracket.inside(this + int(target * (1 - tolerance / 2)) - measured)
         if asked is None:
             break
@@ -229,6 +245,21 @@ def refit(compile_at: CompileAt, inputs: Sequence[Any], outcome: FitOutcome,
                 "Inductor (%.3f of the budget)", outcome.target, outcome.asked,
                 "was measured at" if reused else "measures", measured, measured / outcome.target)
     return Candidate(outcome.asked or outcome.target, _as_budgeted(plan, outcome.target), measured, compiled)
+
+
+def _gain_left(candidates: Sequence[Candidate], target: int) -> float:
+    """The most recompute time a further candidate could save over the cheapest one measured within
+    ``target``, as a fraction of the step's predicted time (inf while none fits, or without prices).
+    A further budget is asked below the lowest whose plan measured over (the bracket's ceiling),
+    and a plan made with less budget recomputes at least as much, so none is cheaper than the plan
+    asked at the ceiling (none measured over: than recomputing nothing)."""
+    fitting = [c.plan.predicted_extra_seconds for c in candidates if c.measured_bytes <= target]
+    step = 3 * candidates[0].plan.problem.forward_seconds() if candidates else 0.0
+    if not fitting or step <= 0:
+        return math.inf
+    over = [c for c in candidates if c.measured_bytes > target]
+    ceiling = min(over, key=lambda c: c.asked).plan.predicted_extra_seconds if over else 0.0
+    return (min(fitting) - ceiling) / step
 
 
 def _after_same_plan(same: SamePlan, asked: int | None, candidates: list[Candidate], target: int | None,
@@ -295,5 +326,5 @@ def _as_budgeted(plan: Plan, target: int | None) -> Plan:
     return plan if target is None else replace(plan, budget_bytes=target)
 
 
-__all__ = ["ATTEMPTS", "TOLERANCE", "Candidate", "FitOutcome", "SamePlan", "fit_peak", "measure_step_peak",
+__all__ = ["ATTEMPTS", "MIN_GAIN", "TOLERANCE", "Candidate", "FitOutcome", "SamePlan", "fit_peak", "measure_step_peak",
            "plan_identity", "refit"]
