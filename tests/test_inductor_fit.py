@@ -132,13 +132,15 @@ def test_a_compiled_program_under_its_model_is_given_more_and_recomputes_less():
     assert chosen.plan.predicted_extra_seconds < (2 * B - B) / B  # cheaper than the first plan
 
 
-def test_a_budget_the_unfused_model_refuses_is_kept_when_the_fused_program_fits():
+def test_a_budget_the_unfused_model_refuses_is_kept_when_the_fused_program_fits(caplog):
     """The refusal path (HF BERT under per-block checkpointing's peak, benchmarks/VS_INDUCTOR.md):
-    the model's lowest plan is compiled and measured instead of refused."""
+    the model's lowest plan is compiled and measured instead of refused; the refusal is logged."""
     compiler = Compiler(lambda asked: int(asked * 0.7), floor=1_200_000)
-    chosen = fit_peak(compiler, (), measure=compiler.measure)
+    with caplog.at_level(logging.INFO, logger="remat_pass.runtime.inductor_fit"):
+        chosen = fit_peak(compiler, (), measure=compiler.measure)
     assert compiler.asked[:2] == [None, 1_200_000]
     assert chosen.measured_bytes <= B
+    assert "the planner refused 1000000 bytes (its lowest simulated peak: 1200000)" in caplog.text
 
 
 def test_no_candidate_within_the_budget_is_a_refusal_with_the_lowest_measured_peak(caplog):

@@ -179,6 +179,7 @@ def fit_peak(compile_at: CompileAt, inputs: Sequence[Any], *, attempts: int = AT
             compiled, plan = compile_at(asked, seen)
         except SamePlan as same:
             spent -= 1
+            logger.info("peak budget %s: the plan made at %s bytes was measured already; nothing compiled", target, asked)
             asked = _after_same_plan(same, asked, candidates, target, bracket)
             if asked is None:
                 break
@@ -188,6 +189,8 @@ def fit_peak(compile_at: CompileAt, inputs: Sequence[Any], *, attempts: int = AT
                 raise
             # The unfused model cannot plan this low; the fused program of a plan above may fit.
             refusal, target = error, error.budget_bytes if target is None else target
+            logger.info("peak budget %d: the planner refused %d bytes (its lowest simulated peak: %d)", target,
+                        error.budget_bytes, error.min_bytes)
             bracket.floor = max(bracket.floor, error.budget_bytes)
             asked = bracket.inside(error.min_bytes if asked is None else None)
             if asked is None:
