@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
@@ -140,3 +141,28 @@ def test_cpsat_workers_times_the_first_exact_round(caplog, restore_threads):
     assert cpsat.WORKERS == workers  # restored
     lines = [r.getMessage() for r in caplog.records if r.name == "benchmarks.cpsat_workers"]
     assert "first exact round" in lines[0] and lines[1].startswith("cpsat  workers 2")
+
+
+def test_fit_probe_reports_inductors_estimate_of_each_compiled_graph(monkeypatch, caplog):
+    """``benchmarks.fit_probe`` prints Inductor's peak estimate of every graph it compiles: a
+    step of two matmuls and a tanh, forward and backward. Without the graph's outputs the
+    forward's estimate leaves out what it saves for backward (the tanh, 8 x 4 floats, at least)."""
+    import torch._inductor.memory as memory
+
+    from benchmarks.fit_probe import report_inductor_estimates
+
+    monkeypatch.setattr(memory, "reorder_for_peak_memory", memory.reorder_for_peak_memory)  # restored after
+    report_inductor_estimates()
+    weight = torch.randn(4, 4, requires_grad=True)
+    with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False), \
+            caplog.at_level(logging.INFO, logger="benchmarks.fit_probe"):
+        torch._dynamo.reset()
+        step = torch.compile(lambda x: (torch.tanh(x @ weight) @ weight).sum(), backend="inductor")
+        step(torch.randn(8, 4)).backward()
+    torch._dynamo.reset()
+    lines = [record.getMessage() for record in caplog.records if "inductor estimate" in record.getMessage()]
+    assert len(lines) == 2  # forward, backward
+    (_, forward_peak, forward_internal), (_, backward_peak, backward_internal) = (
+        [int(word) for word in line.replace(",", "").split() if word.isdigit()] for line in lines)
+    assert 0 <= forward_internal <= forward_peak - 8 * 4 * 4
+    assert 0 <= backward_internal <= backward_peak
