@@ -242,27 +242,6 @@ def test_inductor_under_a_peak_budget_measures_within_it_with_inductors_gradient
 
 
 @pytest.mark.backend_default
-def test_the_fits_inductor_compiles_free_each_buffer_at_its_last_use():
-    """Inductor's wrapper keeps a freed buffer for a later one of the same size unless told not
-    to; held across the peak, such buffers put the compiled step 5-6 MB over what Inductor's own
-    scheduler counts (benchmarks/VS_INDUCTOR.md). The fit's compiles run with that reuse off, and
-    Inductor's setting is left as it was."""
-    model, inputs, loss_fn = make_case("mlp")
-    backend = remat_pass.backend(budget="10MB")
-    assert backend.fits_compiled_peak
-    compile_, reuse = backend._compile, []
-
-    def spy(gm, example_inputs):
-        reuse.append(torch._inductor.config.allow_buffer_reuse)
-        return compile_(gm, example_inputs)
-
-    backend._compile = spy
-    run_step(model, torch.compile(model, backend=backend), inputs, loss_fn)
-    assert reuse and not any(reuse)
-    assert torch._inductor.config.allow_buffer_reuse
-
-
-@pytest.mark.backend_default
 def test_a_budget_inductor_cannot_be_fitted_to_runs_eager_when_inductor_was_only_the_default(monkeypatch, caplog):
     """The fitting fails (made to, here: no Inductor compile runs); the default backend then plans
     and runs the graph eager, the step equal to eager's bit for bit; asked for by name, it refuses."""

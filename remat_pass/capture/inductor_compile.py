@@ -22,7 +22,6 @@ before tracing (``CompiledPlans.refuse_as_before``).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 from typing import Any, Callable, Protocol, Sequence
@@ -60,20 +59,6 @@ class Compiling(Protocol):
 
     identity: str | None
     partitioned: bool
-
-
-def buffers_freed_at_last_use() -> contextlib.AbstractContextManager[Any]:
-    """Inductor's generated code with every buffer freed at its last use (``allow_buffer_reuse``
-    off), for the compiles whose peak is fitted to a budget. Its wrapper otherwise keeps a freed
-    buffer alive until a later buffer of the same size takes it, so the step's peak is over what
-    its own scheduler (and our model) counts, by whole buffers, wherever a held one spans the peak.
-    On the 12-layer HF GPT-2 fit, two 4 MiB attention buffers held across the peak made a plan the
-    model put at 82.36 MB measure 89.12 MB; with reuse off it measures 82.87 MB, Inductor's own
-    estimate to 8 bytes (``python -m benchmarks.fit_probe``). Step time unchanged on the CPU (HF
-    GPT-2, 4 layers, h256: 0.998x, 8 of 15 rounds faster; benchmarks/VS_INDUCTOR.md)."""
-    import torch._inductor.config as inductor_config
-
-    return inductor_config.patch(allow_buffer_reuse=False)
 
 
 def _tensor_fields(value: torch.Tensor) -> tuple[Any, ...]:
@@ -174,4 +159,4 @@ def compile_with_inductor(gm: fx.GraphModule, example_inputs: list[Any],
     return compiled
 
 
-__all__ = ["CompiledPlans", "InductorPartitioner", "buffers_freed_at_last_use", "compile_with_inductor", "graph_digest"]
+__all__ = ["CompiledPlans", "InductorPartitioner", "compile_with_inductor", "graph_digest"]

@@ -46,7 +46,7 @@ from remat_pass.solvers.problem import Plan
 from ..planning.budget import Budget, parse_budget
 from ..annotate.attribution import module_path
 from ..capture.capture import INNER_COMPILERS, JointGraph, make_dynamo_backend
-from ..capture.inductor_compile import buffers_freed_at_last_use, graph_digest
+from ..capture.inductor_compile import graph_digest
 from ..capture.loss_chunking import (ChunkLoss, LossGradients, as_chunk_loss, chunk_for_budget, chunkable,
                                      chunking_extra_flops, would_split)
 from ..planning.loss_choice import Pin, choose_loss
@@ -361,7 +361,7 @@ class RematBackend:
             self._fitting.asked, self._fitting.seen, self._fitting.made = asked, seen, []
             self._fitting.answered = False
             try:
-                with backward_compiled_with_forward(), buffers_freed_at_last_use():
+                with backward_compiled_with_forward():
                     compiled = compile_(gm, example_inputs)
             finally:
                 made, self._fitting.seen = self._fitting.made, None
