@@ -35,6 +35,10 @@ from typing import Any, Callable, Iterable
 from .module_account import ModuleRow, module_rows
 from .status import BudgetKind, Status
 
+STEP_IN_FORWARDS = 3
+"""A training step's time as a multiple of its forward's, where only the forward is priced (the
+backward does about twice the forward's work): what ``explain`` and the Inductor fit estimate a step at."""
+
 # A Plan's accounts that need an analysis above these records: how many times backward makes each
 # refreshed value (``analysis.lifetimes.materializations``) and the transfer time the host link
 # does not hide (``analysis.transfers.transfer_schedule``). The records import no analysis, so no
@@ -156,7 +160,7 @@ class Problem:
 
     def forward_seconds(self) -> float:
         """The cost model's time for the forward: every value the step computes, once (a step is
-        about three forwards, as ``explain`` estimates it)."""
+        about ``STEP_IN_FORWARDS`` forwards)."""
         return sum(v.recompute_seconds for v in self.values if not v.available)
 
 

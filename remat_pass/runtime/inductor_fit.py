@@ -38,7 +38,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 from remat_pass import solvers
-from remat_pass.solvers.problem import Plan
+from remat_pass.solvers.problem import STEP_IN_FORWARDS, Plan
 
 from .measure import allocator_peak
 
@@ -53,7 +53,7 @@ TOLERANCE = 0.03
 
 MIN_GAIN = 0.005
 """Another candidate is compiled only while, by the planner's own prices, it could still save this
-fraction of the step's predicted time (three forwards, as ``explain`` estimates a step). Below it the
+fraction of the step's predicted time (``STEP_IN_FORWARDS`` forwards, as ``explain`` estimates a step). Below it the
 prices' own error is larger than the gain, and each compile costs seconds to a minute: the 12-layer
 HF GPT-2's fit at Hugging Face checkpointing's peak compiled five candidates at 15-35 s each, the
 fourth to save a predicted 0.23% of the step over the third, the fifth measured over the budget
@@ -257,7 +257,7 @@ def _gain_left(candidates: Sequence[Candidate], target: int) -> float:
     and a plan made with less budget recomputes at least as much, so none is cheaper than the plan
     asked at the ceiling (none measured over: than recomputing nothing)."""
     fitting = [c.plan.predicted_extra_seconds for c in candidates if c.measured_bytes <= target]
-    step = 3 * candidates[0].plan.problem.forward_seconds() if candidates else 0.0
+    step = STEP_IN_FORWARDS * candidates[0].plan.problem.forward_seconds() if candidates else 0.0
     if not fitting or step <= 0:
         return math.inf
     over = [c for c in candidates if c.measured_bytes > target]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from remat_pass.solvers.baselines import block_of
 from remat_pass.solvers.module_account import ModuleRow
-from remat_pass.solvers.problem import Plan, Problem, format_bytes
+from remat_pass.solvers.problem import STEP_IN_FORWARDS, Plan, Problem, format_bytes
 from remat_pass.solvers.status import BudgetKind
 
 if TYPE_CHECKING:
@@ -130,8 +130,9 @@ class PlanReport:
             overhead += f" = {self.flop_overhead:.2%} of the step's {format_flops(self.step_flops)}"
         lines.append(overhead)
         if self.forward_seconds:
-            lines.append(f"                   ~{plan.recompute_seconds / (3 * self.forward_seconds):.2%} of the "
-                         f"step's time (estimated as 3x the forward's {self.forward_seconds * 1e3:.3f} ms)")
+            step = STEP_IN_FORWARDS * self.forward_seconds
+            lines.append(f"                   ~{plan.recompute_seconds / step:.2%} of the step's time (estimated as "
+                         f"{STEP_IN_FORWARDS}x the forward's {self.forward_seconds * 1e3:.3f} ms)")
         rows = self.rows
         depth = "innermost" if self.depth is None else f"depth {self.depth}"
         lines.append(f"  per module ({depth}): policy, kept / recomputed / keep-all bytes, recompute time")
