@@ -21,9 +21,9 @@ limit cut a run short.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 
+from . import clock
 from . import baselines
 from .mip.min_cut import min_bytes_cut
 from .mip.solve import MipResult, resolve_backend
@@ -39,14 +39,14 @@ logger = logging.getLogger(__name__)
 
 def _min_bytes_plan(problem: Problem, backend: str, time_limit: float, threads: int | None) -> Plan:
     """A plan keeping the fewest bytes possible, proven (storages counted once); SolverError if not provable."""
-    began = time.perf_counter()
+    began = clock.now()
     fallback = baselines.recompute_all(problem)
     keep = frozenset() if fallback.kept_bytes == 0 else min_bytes_cut(problem)
     if keep is None:
         keep = _min_bytes_ilp(problem, fallback, backend, time_limit, threads)
     kept, recomputed = closure_from_keep_set(problem, keep)
     plan = Plan(problem=problem, kept=kept, recomputed=recomputed, solver="ilp-min-bytes",
-                solve_seconds=time.perf_counter() - began)
+                solve_seconds=clock.now() - began)
     logger.debug("ilp: smallest feasible budget %d bytes (%.3fs)", plan.kept_bytes, plan.solve_seconds)
     return plan
 
@@ -99,7 +99,7 @@ def _warm_plan(problem: Problem, budget_bytes: int, backend: str, deadline: floa
 
 def _remaining(deadline: float) -> float:
     """Time left for the next backend run; never so little that a run cannot start."""
-    return max(deadline - time.perf_counter(), 0.05)
+    return max(deadline - clock.now(), 0.05)
 
 
 @planner("ilp", description="exact integer program over keep/recompute (PuLP + HiGHS or CBC)", exact=True,
@@ -129,7 +129,7 @@ def solve_ilp(
     >>> sorted(plan.kept), sorted(plan.recomputed), plan.status.value
     ([2], [1], 'optimal')
     """
-    began = time.perf_counter()
+    began = clock.now()
     context = _Context(problem, budget_bytes, resolve_backend(backend), began + time_limit, time_limit, threads)
     proof = _Proof(context, _warm_plan(problem, budget_bytes, context.backend, context.deadline, threads))
     rounding = rounding_for(problem)
@@ -137,7 +137,7 @@ def solve_ilp(
     if not rounding.exact:
         proof.run(rounding.optimistic())
         for finer in finer_roundings(problem, rounding):  # finer units, still believed
-            if proof.closed or time.perf_counter() >= context.deadline:
+            if proof.closed or clock.now() >= context.deadline:
                 break
             proof.run(finer)
             if not finer.exact:
@@ -149,7 +149,7 @@ def solve_ilp(
     status, gap = proof.verdict()
     plan = _fewest_bytes(context, proof.best, proof.weights) if status is Status.OPTIMAL else proof.best
     logger.info("ilp (%s): budget %d B, kept %d B, recompute %.6g s, %s, gap %s, %.3fs", context.backend,
-                budget_bytes, plan.kept_bytes, plan.recompute_seconds, status, gap, time.perf_counter() - began)
+                budget_bytes, plan.kept_bytes, plan.recompute_seconds, status, gap, clock.now() - began)
     return Decision.of(plan, status, gap)
 
 
@@ -215,14 +215,14 @@ class _Proof:
             return Status.OPTIMAL, 0.0
         # With no bound believed, recompute time is still at least 0: a gap of 100%, said as such.
         gap = relative_gap(self.weights.evaluate(self.best), 0.0 if self.bound is None else self.bound)
-        stopped = self.stopped or time.perf_counter() >= self.context.deadline
+        stopped = self.stopped or clock.now() >= self.context.deadline
         return (Status.TIME_LIMIT if stopped else Status.FEASIBLE), gap
 
     def _raise_bound(self, bound: float) -> None:
         self.bound = bound if self.bound is None else max(self.bound, bound)
 
     def _try(self, **options: object) -> Outcome:
-        if time.perf_counter() >= self.context.deadline:  # the limit holds: no run starts after it
+        if clock.now() >= self.context.deadline:  # the limit holds: no run starts after it
             self.stopped = True
             return Outcome(MipResult(status="no_solution", backend=self.context.backend, stopped=True))
         return _try_run(self.context, self.weights, **options)
@@ -235,7 +235,7 @@ def _fewest_bytes(context: _Context, plan: Plan, weights: Weights) -> Plan:
     answer is taken only if it is really no slower and keeps fewer bytes (or as many, with fewer
     recomputes). Needs no budget row: fewer bytes than ``plan`` fit whatever ``plan`` fits.
     """
-    if time.perf_counter() >= context.deadline:
+    if clock.now() >= context.deadline:
         return plan
     cap = weights.evaluate(plan) * (1 + 1e-9) + 1e-9
     outcome = _try_run(context, weights, rounding=rounding_for(context.problem), start=plan, time_cap=cap)

@@ -35,11 +35,11 @@ from __future__ import annotations
 
 import bisect
 import logging
-import time
 from dataclasses import dataclass
 
 import pulp
 
+from . import clock
 from . import baselines
 from .mip.solve import MipResult, binary, resolve_backend
 from .mip.keep_model import Model, rounding_for, weights_for
@@ -238,7 +238,7 @@ def solve_offload(
     >>> sorted(plan.kept), sorted(plan.offloaded), plan.recomputed, plan.exposed_transfer_seconds
     ([2], [1], frozenset(), 0.0)
     """
-    began = time.perf_counter()
+    began = clock.now()
     candidates = offload_candidates(problem)
     if not candidates:
         plan = solve_ilp(problem, budget_bytes, time_limit=time_limit, backend=backend, threads=threads)
@@ -250,7 +250,7 @@ def solve_offload(
     for rounding in (rounding, rounding_for(problem, exact=True)) if not rounding.exact else (rounding,):
         rows = OffloadRows(problem, candidates, rounding.quantum, host_budget_bytes, weights.unit_seconds,
                            rounding.budget_units(budget_bytes))
-        left = max(time_limit - (time.perf_counter() - began), 0.05)
+        left = max(time_limit - (clock.now() - began), 0.05)
         outcome = solve_once(problem, budget_bytes, rounding=rounding, weights=weights, time_limit=left,
                              backend=engine, start=start, threads=threads, extension=rows)
         if outcome.status != "infeasible":
@@ -286,5 +286,5 @@ def solve_offload(
         status, gap = Status.TIME_LIMIT, relative_gap(outcome.result.objective or 0.0, outcome.bound)
     logger.info("ilp_offload: budget %d B: kept %d B, offloaded %d B, recompute %.6g s, exposed %.6g s (%s, %.2fs)",
                 budget_bytes, plan.kept_bytes, plan.offloaded_bytes, plan.recompute_seconds,
-                plan.exposed_transfer_seconds, status, time.perf_counter() - began)
+                plan.exposed_transfer_seconds, status, clock.now() - began)
     return Decision.of(plan, status, gap)

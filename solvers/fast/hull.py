@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from dataclasses import dataclass, field
 
+from .. import clock
 from ..problem import Problem
 from ..status import DEFAULT_TIME_LIMIT
 from .blocks import decompose
@@ -68,7 +68,7 @@ class HullSearch:
     def bracket(self, low: Point, high: Point, budget: int, max_steps: int = 200) -> tuple[Point, Point]:
         """Adjacent hull vertices with ``low`` over the budget and ``high`` within it."""
         for _ in range(max_steps):
-            if time.perf_counter() > self.deadline:
+            if clock.now() > self.deadline:
                 logger.info("fast: time limit reached while searching the hull")
                 break
             point = self.split(low, high)
@@ -83,7 +83,7 @@ class HullSearch:
     def vertices(self, first: Point, last: Point) -> list[Point]:
         """Every vertex between ``first`` and ``last`` (within the deadline), by bytes ascending."""
         stack = [(first, last)]
-        while stack and time.perf_counter() < self.deadline:
+        while stack and clock.now() < self.deadline:
             left, right = stack.pop()
             point = self.split(left, right)
             if point is not None:
@@ -152,7 +152,7 @@ def tradeoff_hull(problem: Problem, *, blocks: bool = True, time_limit: float = 
     vertices the hull is a lower bound. One cut per vertex and one per hull edge.
     """
     oracle = Oracle(problem, decompose(problem, blocks=blocks))
-    search = HullSearch(oracle, time.perf_counter() + time_limit)
+    search = HullSearch(oracle, clock.now() + time_limit)
     low, high = extreme_multipliers(oracle)
     hull = search.vertices(search.at(low), search.at(high))
     values = problem.values

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 
+from .. import clock
 from ..errors import BudgetInfeasibleError
 from ..ilp import min_feasible_bytes, solve_ilp
 from ..problem import Plan, Problem
@@ -68,7 +68,7 @@ def solve_fast(
     >>> sorted(plan.recomputed), plan.status.value
     ([1], 'optimal')
     """
-    began = time.perf_counter()
+    began = clock.now()
     deadline = began + time_limit
     oracle = Oracle(problem, decompose(problem, blocks=blocks))
     search = HullSearch(oracle, deadline)
@@ -92,27 +92,27 @@ def solve_fast(
     # Small problems: the whole ILP from the best plan is quick and may prove it. Deep ones: refine
     # bucket by bucket (small exact sub-problems with the budget split across identical blocks).
     if polish if polish is not None else len(oracle.relevant) <= polish_max_values:
-        left = deadline - time.perf_counter()
+        left = deadline - clock.now()
         if gap > gap_target and left > 0.05:
             plan, ilp_bound = ilp_polish(problem, budget_bytes, plan, min(polish_time_limit, left), backend, threads)
             if ilp_bound is not None:
                 lower = max(lower, ilp_bound)
             gap = relative_gap(plan.recompute_seconds, lower)
             proven = gap <= CLOSED_GAP
-    if refine and not proven and gap > gap_target and deadline - time.perf_counter() > 0.05:
-        kept = refine_buckets(oracle, plan.kept, budget_bytes, min(deadline, time.perf_counter() + refine_time_limit),
+    if refine and not proven and gap > gap_target and deadline - clock.now() > 0.05:
+        kept = refine_buckets(oracle, plan.kept, budget_bytes, min(deadline, clock.now() + refine_time_limit),
                               max_values=polish_max_values, backend=backend, threads=threads)
         refined = oracle.point(0.0, (kept,), -math.inf)
         if refined.seconds < plan.recompute_seconds:
             plan = _plan_of(problem, refined)
             gap = relative_gap(plan.recompute_seconds, lower)
     status = Status.OPTIMAL if proven or gap <= CLOSED_GAP else Status.FEASIBLE
-    if status is Status.FEASIBLE and time.perf_counter() >= deadline:
+    if status is Status.FEASIBLE and clock.now() >= deadline:
         status = Status.TIME_LIMIT
     logger.info("fast: %d groups, %d classes, %d cuts, %d hull points; budget %d B, kept %d B, recompute %.6g s, "
                 "%s, gap %.3g, %.3fs", len(oracle.split.groups), len(oracle.split.classes), oracle.cuts,
                 len(search.points), budget_bytes, plan.kept_bytes, plan.recompute_seconds, status, gap,
-                time.perf_counter() - began)
+                clock.now() - began)
     return Decision.of(plan, status, 0.0 if status is Status.OPTIMAL else gap)
 
 
@@ -127,11 +127,11 @@ def _below_the_cuts(problem: Problem, budget: int, oracle: Oracle, fewest: Point
                     threads: int | None) -> Decision:
     """No cut fits the budget: infeasible, unless the inexact min-cut model missed a plan (then the ILP's)."""
     smallest = fewest.nbytes if oracle.exact else min_feasible_bytes(
-        problem, time_limit=max(deadline - time.perf_counter(), 10.0), backend=backend, threads=threads)
+        problem, time_limit=max(deadline - clock.now(), 10.0), backend=backend, threads=threads)
     if smallest > budget:
         raise BudgetInfeasibleError(budget, smallest, problem.keep_all_bytes())
     logger.info("fast: the inexact min-cut model missed a plan the ILP finds; using the ILP")
-    plan = solve_ilp(problem, budget, time_limit=max(deadline - time.perf_counter(), 1.0), backend=backend,
+    plan = solve_ilp(problem, budget, time_limit=max(deadline - clock.now(), 1.0), backend=backend,
                      threads=threads)
     return Decision.of(plan, plan.status, plan.gap)
 

@@ -7,8 +7,8 @@ seconds, and well-scaled units; both go through ``mip.run_keep.solve_once`` like
 from __future__ import annotations
 
 import logging
-import time
 
+from .. import clock
 from ..mip.min_cut import DOWN
 from ..mip.solve import resolve_backend
 from ..mip.keep_model import rounding_for, time_weights
@@ -30,11 +30,11 @@ def polish(problem: Problem, budget: int, plan: Plan, time_limit: float, backend
     """
     weights, unit = time_weights(problem)
     engine = resolve_backend(backend)
-    deadline = time.perf_counter() + time_limit
+    deadline = clock.now() + time_limit
     rounding = rounding_for(problem)
     best, bound = plan, None
     for model_rounding in (rounding,) if rounding.exact else (rounding, rounding.optimistic()):
-        left = deadline - time.perf_counter()
+        left = deadline - clock.now()
         if left <= 0.05:
             break
         outcome = solve_once(problem, budget, rounding=model_rounding, weights=weights, start=best,

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 from dataclasses import dataclass, replace
 
+from .. import clock
 from ..problem import Problem, Value, closure_from_keep_set
 from .allocate import Config, allocate
 from .oracle import Oracle, Point
@@ -97,7 +97,7 @@ class _Bucket:
 
     def exact(self, share: int) -> Config | None:
         """The optimal configuration of one group within ``share`` bytes (None: none, or no time)."""
-        left = self.solving.deadline - time.perf_counter()
+        left = self.solving.deadline - clock.now()
         if share < 0 or left <= 0.05:
             return None
         solved = self.solved
@@ -144,7 +144,7 @@ def refine(oracle: Oracle, kept: frozenset[int], budget: int, deadline: float, *
     for _ in range(2):  # a second pass uses the slack the first one left
         improved = False
         for bucket in _buckets(oracle, current):
-            if time.perf_counter() > deadline:
+            if clock.now() > deadline:
                 return current.kept
             if len(split.groups[bucket[0]].members) > max_values:
                 continue

@@ -10,11 +10,11 @@ plan that fits, so a plan from this model is never called optimal once one was a
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
 
 import pulp
 
+from .. import clock
 from ..mip.solve import fraction, run_mip
 from ..mip.keep_model import Model, build, plan_from, rounding_for, weights_for
 from ..analysis.memory import PlanMemory, peak_step_alive, simulate_plan
@@ -119,9 +119,9 @@ def plans_from_cap(problem: Problem, budget_bytes: int, cap: int, rounds: int, d
     as peak rows are added where the last one peaked, until one fits, or rounds or time run out."""
     peak_model = CapPeakModel(problem, budget_bytes, pinned_bytes(problem), saved_cap=cap)
     for round_index in range(rounds):
-        if deadline - time.perf_counter() <= 0.1:
+        if deadline - clock.now() <= 0.1:
             return
-        result = run_mip(peak_model.model.lp, backend=backend, time_limit=deadline - time.perf_counter(),
+        result = run_mip(peak_model.model.lp, backend=backend, time_limit=deadline - clock.now(),
                          threads=threads)
         if result.status not in ("optimal", "feasible"):
             return

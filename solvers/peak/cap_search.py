@@ -13,11 +13,11 @@ budgets of one graph, and each probe solves up to ten caps (27 s on a 12-layer G
 from __future__ import annotations
 
 import logging
-import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Hashable
 
+from .. import clock
 from .. import baselines
 from ..analysis.memory import PlanMemory, simulate_plan
 from ..errors import BudgetInfeasibleError, SolverError
@@ -58,7 +58,7 @@ class CapSearch:
         self.tried_caps: dict[int, Candidate | None] = {}  # saved-bytes cap -> its plan (None: infeasible)
 
     def _left(self) -> float:
-        return self.deadline - time.perf_counter()
+        return self.deadline - clock.now()
 
     def _try_cap(self, cap: int, time_limit: float | None = None) -> Candidate | None:
         """The plan of saved-bytes cap ``cap`` (None below the smallest feasible one, or out of time), solved once:
@@ -140,10 +140,10 @@ class CapSearch:
         tolerance = max(keep_all_bytes // 200, 1)
         until = self.deadline if until is None else min(until, self.deadline)
         for _ in range(iterations):
-            if until - time.perf_counter() <= 0.1:
+            if until - clock.now() <= 0.1:
                 break
             cap = max(cap, self.floor, 1)
-            candidate = self._try_cap(cap, time_limit=until - time.perf_counter())
+            candidate = self._try_cap(cap, time_limit=until - clock.now())
             if candidate is None:  # below the smallest feasible cap
                 cap = self.floor
                 continue

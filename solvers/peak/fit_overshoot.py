@@ -11,8 +11,8 @@ of cuts take ~10 s a solve (a 12-layer GPT, 1000 values) and end over the budget
 from __future__ import annotations
 
 import logging
-import time
 
+from .. import clock
 from .local_search import improve, repair
 from ..analysis.memory import PlanMemory, simulate_plan
 from ..problem import Plan, Problem
@@ -42,13 +42,13 @@ def fit_cheaper(problem: Problem, plans: list[tuple[Plan, PlanMemory]], budget: 
     tried: set[tuple[frozenset[int], frozenset[int]]] = set()
     repaired: Plan | None = None
     for plan, memory in over:
-        if time.perf_counter() > deadline:
+        if clock.now() > deadline:
             break
         if plan.predicted_extra_seconds >= best or (plan.kept, plan.recomputed) in tried:
             continue
         tried.add((plan.kept, plan.recomputed))
         refreshed = refresh_to_fit(problem, plan, budget, deadline, memory)
-        slice_end = min(deadline, time.perf_counter() + REPAIR_SHARE * (deadline - time.perf_counter()))
+        slice_end = min(deadline, clock.now() + REPAIR_SHARE * (deadline - clock.now()))
         given_up = repair(problem, plan, budget, slice_end, memory) if repair_kept else None
         for how, fitting in (("refreshing", refreshed), ("giving up kept values", given_up)):
             if fitting is None or fitting[0].predicted_extra_seconds >= best:
@@ -58,7 +58,7 @@ def fit_cheaper(problem: Problem, plans: list[tuple[Plan, PlanMemory]], budget: 
             repaired = fitting[0] if not fitting[0].refreshed else None
             logger.debug("ilp_peak: %s fits a plan of %.4g s (it overshot by %d B)", how, best,
                          memory.peak_bytes - budget)
-    if repaired is not None and time.perf_counter() < deadline:
+    if repaired is not None and clock.now() < deadline:
         better = improve(problem, repaired, budget, deadline)
         if better is not repaired:
             found.append((better, simulate_plan(problem, better)))

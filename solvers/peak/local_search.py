@@ -22,9 +22,9 @@ peak planner runs it on its cheaper plans that overshoot: ``solvers.peak.fit_ove
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 
+from .. import clock
 from ..analysis.graph_facts import relevant_values
 from ..analysis.memory import PlanMemory, simulate_plan, storages_alive_at_peak
 from ..problem import Plan, Problem, closure_from_keep_set
@@ -52,7 +52,7 @@ def improve(problem: Problem, plan: Plan, budget_bytes: int, deadline: float) ->
     keepable = sorted(v for v in relevant_values(problem) if problem.values[v].keepable)
     near = _near(problem, keepable)
     for tier in ("near", "any"):
-        while time.perf_counter() < deadline:
+        while clock.now() < deadline:
             better = _first_improvement(problem, plan, budget_bytes, keepable, near, tier, deadline)
             if better is None:
                 break
@@ -65,7 +65,7 @@ def _first_improvement(problem: Problem, plan: Plan, budget_bytes: int, keepable
     """The first cheaper plan that fits among one pass of moves, None when there is none."""
     target = plan.recompute_seconds * (1 - MIN_SAVING)
     for keep in _moves(plan, keepable, near, tier):
-        if time.perf_counter() >= deadline:
+        if clock.now() >= deadline:
             return None
         kept, recomputed = closure_from_keep_set(problem, keep)
         candidate = Plan(problem, kept, recomputed, SOLVER_NAME)
@@ -119,7 +119,7 @@ def repair(problem: Problem, plan: Plan, budget_bytes: int, deadline: float,
         best: tuple[float, Plan, PlanMemory] | None = None
         lowering = 0
         for trial in _fewer_kept(problem, plan, memory, deadline):
-            if lowering >= REPAIR_TRIALS or time.perf_counter() >= deadline:
+            if lowering >= REPAIR_TRIALS or clock.now() >= deadline:
                 break
             trial_memory = simulate_plan(problem, trial)
             saved = memory.peak_bytes - trial_memory.peak_bytes
@@ -128,7 +128,7 @@ def repair(problem: Problem, plan: Plan, budget_bytes: int, deadline: float,
                 price = (trial.recompute_seconds - plan.recompute_seconds) / saved
                 if best is None or price < best[0]:
                     best = (price, trial, trial_memory)
-        if best is None or time.perf_counter() >= deadline:
+        if best is None or clock.now() >= deadline:
             return None
         _, plan, memory = best
     return plan, memory
@@ -143,7 +143,7 @@ def _fewer_kept(problem: Problem, plan: Plan, memory: PlanMemory, deadline: floa
              else {values[v].storage for v in plan.kept})
     priced = []
     for v in sorted(plan.kept):
-        if values[v].storage not in alive or not sizes[values[v].storage] or time.perf_counter() >= deadline:
+        if values[v].storage not in alive or not sizes[values[v].storage] or clock.now() >= deadline:
             continue
         kept, recomputed = closure_from_keep_set(problem, plan.kept - {v})
         if kept == plan.kept:

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import time
 
+from .. import clock
 from ..analysis.memory import PlanMemory, simulate_plan
 from ..analysis.lifetimes import backward_lifetimes
 from ..problem import Plan, Problem
@@ -58,7 +58,7 @@ def refresh_to_fit(problem: Problem, plan: Plan, budget_bytes: int, deadline: fl
     for _ in range(MAX_REFRESHES):
         if memory.peak_bytes <= budget_bytes:
             return plan, memory
-        if memory.peak_phase != "backward" or (deadline is not None and time.perf_counter() > deadline):
+        if memory.peak_phase != "backward" or (deadline is not None and clock.now() > deadline):
             return None
         step = memory.backward_event_steps[memory.peak_index]
         best = None

@@ -52,8 +52,8 @@ recompute against 0.545).
 from __future__ import annotations
 
 import logging
-import time
 
+from .. import clock
 from .. import baselines
 from ..mip.solve import resolve_backend
 from ..mip.keep_model import rounding_for, time_weights, weights_for
@@ -166,7 +166,7 @@ def solve_peak(
     where a plan is easy and still finds the hard ones (a 6-layer BERT at 0.85 of per-block's peak:
     refused at 2 s, planned at 5 s).
     """
-    began = time.perf_counter()
+    began = clock.now()
     ends = began + time_limit
     keep_all = baselines.keep_all(problem)
     keep_all_memory = simulate_plan(problem, keep_all)
@@ -189,7 +189,7 @@ def solve_peak(
     if not fitting and refusal_time_limit is not None and refusal_time_limit > time_limit:
         # A refusal costs the user more than a few seconds: search on, from where the searches stand.
         logger.info("ilp_peak: no plan fits the budget after %.1f s; searching up to %.1f s before refusing it",
-                    time.perf_counter() - began, refusal_time_limit)
+                    clock.now() - began, refusal_time_limit)
         time_limit, ends = refusal_time_limit, began + refusal_time_limit
         search.deadline = ends - (FIT_SHARE + bound_share) * time_limit
         more = search.run(keep_all_memory, began, time_limit, prove, rounds, exact_share, bound_share)
@@ -295,17 +295,17 @@ class _Search(CapSearch):
         pairs = mirrored_pairs(self.problem)
         if not pairs:
             return
-        before, began = len(self.candidates), time.perf_counter()
+        before, began = len(self.candidates), clock.now()
         shadowed = shadowed_steps(self.problem)
         self._rounds(1, self._left() / 2, pairs, shadowed)
         # The tied solve's time times the square of the rows it left out: a larger MIP that is also harder
         # (round 11, a 12-layer GPT-2: 2.4 s tied, no plan in 24 s untied). The relaxation is not gated: its
         # bound is worth its time (48 layers: solved in 5.2 s since the rows share their view variables).
         steps = len(self.problem.backward_steps)
-        self.untied_seconds = (time.perf_counter() - began) * (steps / max(steps - len(shadowed), 1)) ** 2
+        self.untied_seconds = (clock.now() - began) * (steps / max(steps - len(shadowed), 1)) ** 2
         if self.untied_seconds >= self._left() / 2:  # the tied plans, and those that fit
             among = [c for i, c in enumerate(self.candidates) if i >= before or c.memory.peak_bytes <= self.budget]
-            self.fit_cheaper(among, min(time.perf_counter() + EARLY_FIT_SHARE * time_limit, self.deadline))
+            self.fit_cheaper(among, min(clock.now() + EARLY_FIT_SHARE * time_limit, self.deadline))
 
     def exact_rounds(self, plan: Plan, bound: float | None, seconds: float) -> float | None:
         """Tighten the relaxation where its plan peaks (``exact_rows``) while that helps.
@@ -320,10 +320,10 @@ class _Search(CapSearch):
         """
         problem, relaxed = self.problem, rounding_for(self.problem).optimistic()
         weights, unit = time_weights(problem)
-        deadline, rows = time.perf_counter() + seconds, ExactRowPlaces(problem)
+        deadline, rows = clock.now() + seconds, ExactRowPlaces(problem)
         per_round, idle = max(EXACT_ROUND_SECONDS, seconds), 0
         logger.debug("ilp_peak: exact rows get %.1f s (bound %s)", seconds, bound)
-        while time.perf_counter() < deadline - EXACT_ROUND_MIN:
+        while clock.now() < deadline - EXACT_ROUND_MIN:
             if self.proven_by(bound):
                 break  # proven optimal already
             best = self._best_fitting()
@@ -333,7 +333,7 @@ class _Search(CapSearch):
             if not rows.add_where(plan, memory, self.budget):
                 break  # every place it overshoots has a row: what they miss (a second tensor) stays
             outcome = solve_once(problem, None, rounding=relaxed, weights=weights, backend=self.exact_backend,
-                                 time_limit=max(min(deadline - time.perf_counter(), per_round), 0.1),
+                                 time_limit=max(min(deadline - clock.now(), per_round), 0.1),
                                  threads=self.threads, extension=rows.extension(self.budget, relaxed))
             raised = outcome.bound is not None and outcome.bound * unit > (bound or 0.0) * (1 + EXACT_PROGRESS)
             if outcome.bound is not None:
@@ -360,7 +360,7 @@ class _Search(CapSearch):
         if not fitting or seconds <= 0:
             return
         start = min(fitting, key=lambda c: c.plan.predicted_extra_seconds).plan
-        better = improve(self.problem, start, self.budget, time.perf_counter() + seconds)
+        better = improve(self.problem, start, self.budget, clock.now() + seconds)
         if better is not start:
             logger.debug("ilp_peak: local search %.4g s -> %.4g s", start.predicted_extra_seconds,
                          better.predicted_extra_seconds)

@@ -30,11 +30,11 @@ loosens it. Kernel scratch and the moments between steps are left out, which loo
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 
 import pulp
 
+from .. import clock
 from ..analysis.graph_facts import relevant_values
 from ..mip.solve import add_row, binary, run_mip
 from ..mip.keep_model import rounding_for
@@ -120,7 +120,7 @@ class _Relaxation:
         later = self._read_after(set(steps))
         previous: dict[int, pulp.LpVariable] = {}
         for t in steps:
-            if time.perf_counter() > until:
+            if clock.now() > until:
                 return
             previous = self._step(t, later[t], budget_bytes - pinned - working[t], previous)
         cost = {x: values[x].recompute_seconds for x in self.compute}
@@ -223,16 +223,16 @@ def any_schedule_bound(problem: Problem, budget_bytes: int, *, backend: str, tim
     most ``budget_bytes``, multiple recomputation included (rows at ``steps`` backward steps).
     ``seconds`` is None when the model is not built and solved to a bound in ``time_limit``; a
     relaxation with no solution proves that nothing fits, and its bound is then infinite."""
-    ends = time.perf_counter() + time_limit
+    ends = clock.now() + time_limit
     chosen = bound_steps(problem, steps)
     fixed = fixed_step_bytes(problem)
     if any(fixed[t] > budget_bytes for t in chosen):
         return ScheduleBound(float("inf"), len(chosen), "infeasible", 0.0)
     relaxation = _Relaxation(problem, budget_bytes, chosen, until=ends)
-    if not relaxation.complete or ends - time.perf_counter() < 0.1:
+    if not relaxation.complete or ends - clock.now() < 0.1:
         logger.debug("any-schedule bound: out of time building its model (%.1f s)", time_limit)
         return ScheduleBound(None, len(chosen), "time_limit", 0.0)
-    result = run_mip(relaxation.lp, backend=backend, time_limit=ends - time.perf_counter(), threads=threads)
+    result = run_mip(relaxation.lp, backend=backend, time_limit=ends - clock.now(), threads=threads)
     if result.status == "infeasible":
         return ScheduleBound(float("inf"), len(chosen), "infeasible", result.seconds)
     seconds = None if result.bound is None else max(result.bound, 0.0) * relaxation.unit
@@ -252,7 +252,7 @@ def any_schedule_bound_by(problem: Problem, budget_bytes: int, *, backend: str, 
     best: float | None = None
     least = max(ANSWER_BOUND_MIN_SECONDS, ANSWER_BOUND_SECONDS_PER_VALUE * len(problem.values))
     for steps in (QUICK_BOUND_STEPS, DEFAULT_STEPS):
-        seconds = deadline - time.perf_counter()
+        seconds = deadline - clock.now()
         if seconds < least:
             break
         found = any_schedule_bound(problem, budget_bytes, backend=backend, time_limit=seconds, threads=threads,
@@ -285,11 +285,11 @@ def saved_bytes_floor(problem: Problem, budget_bytes: int, deadline: float) -> f
     from ..errors import BudgetInfeasibleError, SolverError
     from ..fast import solve_fast
 
-    began = time.perf_counter()
+    began = clock.now()
     bound = None
     for polish in (False, True):
-        seconds = deadline - time.perf_counter()
-        if polish and (seconds <= 0.1 or seconds < FLOOR_POLISH_RATIO * (time.perf_counter() - began)):
+        seconds = deadline - clock.now()
+        if polish and (seconds <= 0.1 or seconds < FLOOR_POLISH_RATIO * (clock.now() - began)):
             break
         seconds = max(seconds, FLOOR_HULL_SECONDS)
         try:
