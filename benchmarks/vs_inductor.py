@@ -48,7 +48,7 @@ import torch
 
 import remat_pass
 from benchmarks import cli, metrics, runner
-from benchmarks.models import HF_KINDS, ModelSpec, Workload, build
+from benchmarks.models import HF_FAMILY_KINDS, HF_KINDS, ModelSpec, Workload, build
 from benchmarks.strategies import Prepared, Strategy, checkpoint_every_block, prepare, step_with_loss
 
 log = logging.getLogger(__name__)
@@ -331,7 +331,8 @@ def point_list(text: str) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.vs_inductor", description=__doc__.splitlines()[0])
     parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
-    parser.add_argument("--model", action="append", choices=MODELS, help=f"repeatable (default: {', '.join(MODELS)})")
+    parser.add_argument("--model", action="append", choices=(*MODELS, *HF_FAMILY_KINDS),
+                        help=f"repeatable (default: {', '.join(MODELS)}; held out: {', '.join(HF_FAMILY_KINDS)})")
     parser.add_argument("--points", type=point_list,
                         help="incumbent points: default, activation_memory_budget values, ckpt (default: the "
                         f"preset's; cpu: {','.join(PRESETS['cpu']['points'])})")
