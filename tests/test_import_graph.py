@@ -21,7 +21,7 @@ MAX_MODULES_PER_FOLDER = 15
 
 # The solvers' layers, bottom first: a module imports its own layer and those below it, never above.
 SOLVER_LAYERS = (
-    ("records", ("problem", "status", "tags", "errors", "module_account")),
+    ("records", ("problem", "status", "tags", "errors", "module_account", "clock")),
     ("analyses", ("analysis",)),
     ("integer program", ("mip",)),
     ("registry", ("registry", "baselines")),
