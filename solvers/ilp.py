@@ -23,8 +23,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from . import clock
-from . import baselines
+from . import baselines, clock
 from .mip.min_cut import min_bytes_cut
 from .mip.solve import MipResult, resolve_backend
 from .mip.keep_model import Rounding, Weights, finer_roundings, rounding_for, time_weights

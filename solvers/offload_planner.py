@@ -39,8 +39,7 @@ from dataclasses import dataclass
 
 import pulp
 
-from . import clock
-from . import baselines
+from . import baselines, clock
 from .mip.solve import MipResult, binary, resolve_backend
 from .mip.keep_model import Model, rounding_for, weights_for
 from .mip.run_keep import solve_once

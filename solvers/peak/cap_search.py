@@ -17,8 +17,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Hashable
 
-from .. import clock
-from .. import baselines
+from .. import baselines, clock
 from ..analysis.memory import PlanMemory, simulate_plan
 from ..errors import BudgetInfeasibleError, SolverError
 from ..problem import Plan, Problem

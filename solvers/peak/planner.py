@@ -53,8 +53,7 @@ from __future__ import annotations
 
 import logging
 
-from .. import clock
-from .. import baselines
+from .. import baselines, clock
 from ..mip.solve import resolve_backend
 from ..mip.keep_model import rounding_for, time_weights, weights_for
 from ..mip.run_keep import solve_once
