@@ -24,7 +24,6 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 
-
 def _estimate(order: list[Any], name_to_buf: Any, name_to_fused_node: Any, graph_inputs: Any,
               graph_outputs: Any) -> tuple[int, int]:
     """Inductor's peak estimate of ``order``: all buffers, and without the graph's outputs."""

@@ -36,8 +36,8 @@ _STARTED: contextvars.ContextVar[tuple[float, float] | None] = contextvars.Conte
 
 def _cpu_seconds() -> float:
     """CPU time of this process's threads and of the children it has waited for."""
-    children = os.times()
-    return time.process_time() + children.children_user + children.children_system
+    times = os.times()
+    return time.process_time() + times.children_user + times.children_system
 
 
 def now() -> float:
