@@ -30,6 +30,7 @@ import torch
 from torch import fx
 
 from ..compat import PartitionerBase
+from .late_addmm import post_grad_pass_for_our_compiles
 
 logger = logging.getLogger(__name__)
 
@@ -132,14 +133,17 @@ def compile_with_inductor(gm: fx.GraphModule, example_inputs: list[Any],
                 if plans is not None and _needs_backward(example_inputs) else None)
     compiling.identity, compiling.partitioned = identity, False
     partitioner = InductorPartitioner(partition, identity)
+    # The pass goes in compile_fx's own patches, which Inductor applies again around the backward's
+    # compile (lazy: at the first backward, outside this call).
+    passes = {"post_grad_custom_post_pass": post_grad_pass_for_our_compiles(inductor_config.post_grad_custom_post_pass)}
     if plans is None or identity is None:
         # Without an identity the caches could hand back a compile planned under other settings.
         with inductor_config.patch(custom_partitioner_fn=partitioner, fx_graph_cache=False):
-            return compile_fx(gm, example_inputs)
+            return compile_fx(gm, example_inputs, config_patches=passes)
     plans.refuse_as_before(identity)
     hits = _autograd_cache_hits()
     with inductor_config.patch(custom_partitioner_fn=partitioner):
-        compiled = compile_fx(gm, example_inputs)
+        compiled = compile_fx(gm, example_inputs, config_patches=passes)
     if compiling.partitioned:
         return compiled
     if _autograd_cache_hits() == hits:  # compiled, and nothing to partition (no backward)
@@ -153,7 +157,7 @@ def compile_with_inductor(gm: fx.GraphModule, example_inputs: list[Any],
                 "again without AOTAutograd's cache", identity[:12])
     with inductor_config.patch(custom_partitioner_fn=partitioner), \
             functorch_config.patch(enable_autograd_cache=False):
-        compiled = compile_fx(gm, example_inputs)
+        compiled = compile_fx(gm, example_inputs, config_patches=passes)
     if not compiling.partitioned:  # nothing to partition after all: the next hit needs no plan
         plans.remember_unplanned(identity)
     return compiled
