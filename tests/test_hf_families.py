@@ -113,12 +113,10 @@ INDUCTOR_TOLERANCE = 1e-4  # a differently fused program rounds fp32 differently
 # and Falcon's compiled checkpointing peak under every plan remat_pass finds, compiled or eager (RoBERTa's 25%).
 INDUCTOR_SIZES = dict(layers=2, hidden=64, seq=64, vocab=256, heads=4)
 # Where no plan compiled by Inductor measures within the budget, the backend's default runs the graph op by op
-# (inner="eager", whose peak the planner models exactly), and says so in a warning.
-INDUCTOR_FALLS_BACK_TO_EAGER = {
-    "falcon": "the Inductor fit's lowest measured peak is 1.056x torch.compile's with HF checkpointing: Inductor "
-              "fuses the decomposed pointwise chains the unfused model counts as buffers (benchmarks/VS_INDUCTOR.md, "
-              "'Nine held-out families')",
-}
+# (inner="eager", whose peak the planner models exactly), and says so in a warning. No family needs that at these
+# sizes: Falcon did until our compiles undid Inductor's add(mm) -> addmm fusion of its tied weight's gradient
+# (capture/late_addmm.py; benchmarks/VS_INDUCTOR.md, "Inductor's addmm fusion undone").
+INDUCTOR_FALLS_BACK_TO_EAGER: dict[str, str] = {}
 
 
 def _compiled_step_peak(compiled, model: LossOf, tokens: torch.Tensor) -> dict:
