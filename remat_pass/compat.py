@@ -182,6 +182,11 @@ except ImportError:  # older torch: no custom partitioner support at all (see ha
     PartitionerBase = object  # type: ignore[misc,assignment]
 
 
+# Inductor's base class for a graph pass with a cache identity (``uuid()``), and its hash of source files:
+# ``capture.late_addmm`` is one, set as ``post_grad_custom_post_pass`` (both in torch since before 2.6).
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files  # noqa: E402
+
+
 def inductor_cache_dir() -> str:
     """Where Inductor keeps its compiled kernels on disk (``TORCHINDUCTOR_CACHE_DIR`` or its
     default), to name in an error; "its cache directory" where this torch does not say."""
@@ -356,7 +361,7 @@ def _allocator_trace_events(trace: list[dict[str, Any]]) -> list[tuple[int, int,
 
 
 __all__ = [
-    "PartitionerBase", "allocator_events", "autograd_inside_kernel", "concrete_int", "cuda_allocator_events",
+    "CustomGraphPass", "PartitionerBase", "get_hash_for_files", "allocator_events", "autograd_inside_kernel", "concrete_int", "cuda_allocator_events",
     "extract_fwd_bwd_modules", "fake_tensor_mode", "forget_compiled", "has_custom_partitioner", "inductor_cache_dir", "is_fake", "is_symbolic",
     "real_tensors", "recompile_limit", "recompile_limit_errors",
     "use_boxed_codegen",
