@@ -29,7 +29,7 @@ from typing import Any, Iterable
 import torch
 from torch import fx
 
-from ..compat import CustomGraphPass, get_hash_for_files
+from ..compat import CustomGraphPass, concrete_int, get_hash_for_files
 
 logger = logging.getLogger(__name__)
 
@@ -37,8 +37,9 @@ aten = torch.ops.aten
 
 
 def _nbytes(node: fx.Node) -> int:
+    """A value's bytes; a symbolic size by its hint, so that the comparison adds no guard."""
     value = node.meta.get("val")
-    return value.numel() * value.element_size() if isinstance(value, torch.Tensor) else 0
+    return concrete_int(value.numel()) * value.element_size() if isinstance(value, torch.Tensor) else 0
 
 
 def _is_view(node: fx.Node) -> bool:
@@ -94,8 +95,8 @@ class UnfuseLateAddmm(CustomGraphPass):
     """Inductor post-grad pass: split an ``addmm`` that Inductor's fusion delayed (see the module)."""
 
     def __call__(self, graph: fx.Graph) -> None:
+        position = {each: index for index, each in enumerate(graph.nodes)}
         for node in [n for n in graph.nodes if _is_plain_addmm(n)]:
-            position = {each: index for index, each in enumerate(graph.nodes)}
             bias, mat1, mat2 = node.args
             ready = max(mat1, mat2, key=position.__getitem__)
             if position[bias] < position[ready]:
@@ -106,6 +107,7 @@ class UnfuseLateAddmm(CustomGraphPass):
             logger.debug("unfusing %s: its matmul runs after %s, freeing %d bytes for a %d-byte product",
                          node.name, ready.name, freed, _nbytes(node))
             _split(graph, node, ready)
+            position = {each: index for index, each in enumerate(graph.nodes)}
 
     def uuid(self) -> Any:
         return get_hash_for_files((__file__,))
