@@ -109,6 +109,9 @@ def test_a_users_own_post_grad_pass_runs_first_and_keys_the_cache():
     assert users.calls == 1 and aten.addmm.default not in _targets(gm)
     assert chained.uuid() == ("theirs", UnfuseLateAddmm().uuid())
     assert post_grad_pass_for_our_compiles(_Counting(None)).uuid() is None  # theirs uncacheable: so is the chain
+    theirs = [_Counting("a"), _Counting("b")]  # a torch that takes a list of passes gets ours after them
+    assert post_grad_pass_for_our_compiles(theirs)[:2] == theirs
+    assert isinstance(post_grad_pass_for_our_compiles(theirs)[2], UnfuseLateAddmm)
     with pytest.raises(TypeError, match="CustomGraphPass"):
         post_grad_pass_for_our_compiles(lambda graph: None)
 
