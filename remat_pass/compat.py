@@ -17,6 +17,9 @@ from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import torch
 from torch import fx
+# Inductor's base class for a graph pass with a cache identity (``uuid()``), and its hash of source files:
+# ``capture.late_addmm`` is one, set as ``post_grad_custom_post_pass`` (both in torch since before 2.6).
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
 logger = logging.getLogger(__name__)
 
@@ -182,9 +185,11 @@ except ImportError:  # older torch: no custom partitioner support at all (see ha
     PartitionerBase = object  # type: ignore[misc,assignment]
 
 
-# Inductor's base class for a graph pass with a cache identity (``uuid()``), and its hash of source files:
-# ``capture.late_addmm`` is one, set as ``post_grad_custom_post_pass`` (both in torch since before 2.6).
-from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files  # noqa: E402
+def is_view_op(node: fx.Node) -> bool:
+    """Whether ``node`` is an aten op whose output aliases its input (``OpOverload.is_view``): no kernel,
+    no buffer of its own; readers of a view read its base's storage."""
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and target.is_view
 
 
 def inductor_cache_dir() -> str:
@@ -363,6 +368,7 @@ def _allocator_trace_events(trace: list[dict[str, Any]]) -> list[tuple[int, int,
 __all__ = [
     "CustomGraphPass", "PartitionerBase", "get_hash_for_files", "allocator_events", "autograd_inside_kernel", "concrete_int", "cuda_allocator_events",
     "extract_fwd_bwd_modules", "fake_tensor_mode", "forget_compiled", "has_custom_partitioner", "inductor_cache_dir", "is_fake", "is_symbolic",
+    "is_view_op",
     "real_tensors", "recompile_limit", "recompile_limit_errors",
     "use_boxed_codegen",
 ]

@@ -35,6 +35,7 @@ from torch import fx
 from remat_pass.solvers.problem import Value
 from remat_pass.solvers.tags import Tag
 
+from ..compat import is_view_op
 from .costs import DeviceProfile
 from .flops import node_flops
 from .node_memory import tensor_bytes
@@ -62,11 +63,6 @@ def is_cheap_op(node: fx.Node, value: Value) -> bool:
     return isinstance(target, torch._ops.OpOverload) and torch.Tag.pointwise in target.tags
 
 
-def _is_view_op(node: fx.Node) -> bool:
-    target = node.target
-    return isinstance(target, torch._ops.OpOverload) and target.is_view
-
-
 def read_by_extern_kernel(node: fx.Node) -> bool:
     """Whether any reader of ``node``'s data, seen through views, is an op with FLOPs (a kernel
     Inductor calls out to rather than generates, so nothing fuses into it)."""
@@ -77,7 +73,7 @@ def read_by_extern_kernel(node: fx.Node) -> bool:
         if user in seen:
             continue
         seen.add(user)
-        if _is_view_op(user):
+        if is_view_op(user):
             stack.extend(user.users)
         elif user.op == "call_function" and node_flops(user):
             return True

@@ -18,7 +18,8 @@ passes. It splits an ``addmm(c, a, b)`` whose ``c`` is made after both matrices 
 when the storages the matmul is the last to read are larger than its product (a graph input's
 storage is not counted: its caller may hold it anyway). The price is rounding: ``mm`` then ``add`` is
 what eager runs, and it can differ from the ``addmm`` kernel plain ``torch.compile`` runs in the
-last bits of such a gradient (equal at 256x128x64 on a CPU, 2.3e-5 apart at 6282x1024x192).
+last bits of such a gradient (equal at 256x128x64 on a CPU, 2.3e-5 apart at 6282x1024x192:
+``benchmarks/results/late_addmm/addmm_rounding.txt``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any, Iterable
 import torch
 from torch import fx
 
-from ..compat import CustomGraphPass, concrete_int, get_hash_for_files
+from ..compat import CustomGraphPass, concrete_int, get_hash_for_files, is_view_op
 
 logger = logging.getLogger(__name__)
 
@@ -42,13 +43,9 @@ def _nbytes(node: fx.Node) -> int:
     return concrete_int(value.numel()) * value.element_size() if isinstance(value, torch.Tensor) else 0
 
 
-def _is_view(node: fx.Node) -> bool:
-    return node.op == "call_function" and getattr(node.target, "is_view", False)
-
-
 def _storage_base(node: fx.Node) -> fx.Node:
     """The node whose buffer ``node`` reads: views (a transpose for the matmul) followed back."""
-    while _is_view(node) and node.args and isinstance(node.args[0], fx.Node):
+    while is_view_op(node) and node.args and isinstance(node.args[0], fx.Node):
         node = node.args[0]
     return node
 
@@ -58,7 +55,7 @@ def _readers(base: fx.Node) -> Iterable[fx.Node]:
     pending = [base]
     while pending:
         for user in pending.pop().users:
-            if _is_view(user):
+            if is_view_op(user):
                 pending.append(user)
             else:
                 yield user

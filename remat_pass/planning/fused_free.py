@@ -27,13 +27,13 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-import torch
 from torch import fx
 
 from remat_pass import solvers
 from remat_pass.solvers.problem import Plan, Problem
 from remat_pass.solvers.tags import Tag
 
+from ..compat import is_view_op
 from ..annotate.annotate import BACKWARD, META_KEY, AnnotatedGraph
 from ..annotate.fused_costs import is_cheap_op
 
@@ -53,11 +53,6 @@ def free_values(annotated: AnnotatedGraph) -> frozenset[int]:
     return frozenset(free)
 
 
-def _is_view_op(node: fx.Node) -> bool:
-    target = node.target
-    return isinstance(target, torch._ops.OpOverload) and target.is_view
-
-
 def _runs_in_backward(user: fx.Node, plan: Plan) -> bool:
     """A backward node, or a forward one the plan recomputes (it runs in backward too)."""
     info = user.meta.get(META_KEY)
@@ -72,7 +67,7 @@ def _backward_consumers(node: fx.Node, plan: Plan) -> list[fx.Node]:
     for user in node.users:
         if not _runs_in_backward(user, plan):
             continue
-        if _is_view_op(user):
+        if is_view_op(user):
             found.extend(_backward_consumers(user, plan))
         else:
             found.append(user)
