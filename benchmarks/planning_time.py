@@ -7,6 +7,7 @@
     python -m benchmarks.planning_time --first-step regional         # ... each block a nested_compile_region
     python -m benchmarks.planning_time --restart remat               # a job started twice: cold, then warm caches
     python -m benchmarks.planning_time --restart optimize            # ... with optimize(..., inner="inductor")
+    python -m benchmarks.planning_time --restart optimize --precompile  # ... with torch's TORCH_CACHING_PRECOMPILE=1
 
 ``--solver-limits``: the problems are traced once (the first-call 12-layer HF GPT-2 on real tensors at
 its checkpointing peak; the scaling GPT at 12 and 48 layers and three small HF models on meta tensors,
@@ -17,7 +18,9 @@ the default effort (``effort.effort_options``: 2 s, then on to 10 s before a ref
 ``--restart inductor|remat|optimize``: ``--first-step`` in two new processes, one after the other, sharing
 one fresh ``TORCHINDUCTOR_CACHE_DIR`` and (remat) one fresh plan cache: the second process's first
 step is what restarting a job costs, its compiles answered by Inductor's caches where they can be
-(``remat_pass.capture.inductor_compile``).
+(``remat_pass.capture.inductor_compile``). ``--precompile`` sets torch's ``TORCH_CACHING_PRECOMPILE=1`` in both
+processes and the first saves ``torch.compiler.save_cache_artifacts()`` after its steps: the second then
+runs Dynamo's and Inductor's saved work without tracing (``remat_pass.capture.precompiled``).
 """
 
 from __future__ import annotations
@@ -119,12 +122,28 @@ def first_step(which: str, plan_cache: str | bool = False) -> None:
         loss.backward()
         print(f"{which}: {step} step {time.perf_counter() - began:.2f} s (forward, with its compile, {forward:.2f} s; "
               f"peak budget {budget} for remat; AOTAutograd cache {dict(counters['aot_autograd'])})", flush=True)
+    if which in ("remat", "optimize"):  # the budget is a promise: the step's peak measured, compiled anew or not
+        from remat_pass.runtime.measure import peak_activation_bytes
+
+        grads = [p for p in model.parameters() if p.requires_grad]
+        for parameter in grads:
+            parameter.grad = None  # the step's gradients are then the survivors, not temporaries added into .grad
+        _, peak = peak_activation_bytes(lambda: compiled(tokens).backward(), survivors=lambda: [p.grad for p in grads])
+        print(f"{which}: a third step's activation peak {peak} bytes, {peak / budget:.3f} of the budget", flush=True)
+    if torch._dynamo.config.caching_precompile:  # TORCH_CACHING_PRECOMPILE=1: the job saves at its end
+        began = time.perf_counter()
+        torch.compiler.save_cache_artifacts()
+        print(f"{which}: saved torch's precompile artifacts in {time.perf_counter() - began:.2f} s; Dynamo cache "
+              f"{dict(counters['dynamo_cache'])}", flush=True)
 
 
-def restart(which: str) -> None:
-    """``first_step`` in a new process with cold caches, then in another with the caches it left."""
+def restart(which: str, precompile: bool = False) -> None:
+    """``first_step`` in a new process with cold caches, then in another with the caches it left;
+    ``precompile``: with torch's ``TORCH_CACHING_PRECOMPILE=1``, the first process saving its artifacts."""
     caches = tempfile.mkdtemp(prefix="restart_")
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(caches, "inductor")}
+    if precompile:
+        env["TORCH_CACHING_PRECOMPILE"] = "1"
     for run in ("cold caches", "warm caches"):
         print(f"-- a new process, {run}", flush=True)
         began = time.perf_counter()
@@ -139,9 +158,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--first-step", choices=("inductor", "remat", "optimize", "whole", "regional"), default=None)
     p.add_argument("--plan-cache", default=None, help="remat's plan cache for --first-step (default: none)")
     p.add_argument("--restart", choices=("inductor", "remat", "optimize"), default=None)
+    p.add_argument("--precompile", action="store_true",
+                   help="--restart with torch's TORCH_CACHING_PRECOMPILE=1 (Dynamo's work saved too)")
     args = p.parse_args(argv)
     if args.restart:
-        restart(args.restart)
+        restart(args.restart, args.precompile)
         return
     if args.first_step in ("inductor", "remat", "optimize"):
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="inductor_"))  # cold, as a new machine

@@ -202,6 +202,36 @@ def inductor_cache_dir() -> str:
     return os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir()  # cache_dir() would create it
 
 
+def caching_precompile() -> bool:
+    """Whether torch's precompile is on (``TORCH_CACHING_PRECOMPILE=1``; False where this torch has none)."""
+    return bool(getattr(torch._dynamo.config, "caching_precompile", False))
+
+
+def precompile_artifact(backend_id: str) -> Any:
+    """The compiled program torch's precompile (``torch._dynamo.config.caching_precompile``, torch
+    2.9+) holds for the Dynamo graph ``backend_id`` (``gm._backend_id``), to be saved by
+    ``torch.compiler.save_cache_artifacts()``; None where nothing is held or this torch has no precompile."""
+    try:
+        from torch._dynamo.precompile_context import PrecompileContext
+    except ImportError:
+        return None
+    return PrecompileContext.serialize_artifact_by_key(backend_id)
+
+
+def hold_precompile_artifact(backend_id: str, artifact: Any) -> None:
+    """Make ``artifact`` (from ``precompile_artifact``) the program precompile saves for ``backend_id``;
+    None withdraws the graph from it (torch then logs "Backend not found" at the save, and a restarted
+    process traces that graph again). torch has no public withdrawal: its artifact table is used."""
+    try:
+        from torch._dynamo.precompile_context import PrecompileContext
+    except ImportError:
+        return
+    if artifact is not None:
+        PrecompileContext.record_artifact(artifact)
+    else:
+        PrecompileContext._backend_artifacts_by_key.pop(backend_id, None)
+
+
 def has_custom_partitioner() -> bool:
     """Whether Inductor accepts ``custom_partitioner_fn`` (needed for ``inner="inductor"``)."""
     from torch._inductor import config as inductor_config

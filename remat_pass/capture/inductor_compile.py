@@ -31,6 +31,7 @@ from torch import fx
 
 from ..compat import PartitionerBase
 from .late_addmm import post_grad_pass_for_our_compiles
+from .precompiled import note_candidate
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +125,16 @@ def compile_with_inductor(gm: fx.GraphModule, example_inputs: list[Any],
                           partition: Callable[..., tuple[fx.GraphModule, fx.GraphModule]],
                           compiling: Compiling, plans: CompiledPlans | None) -> Any:
     """``compile_fx`` of ``gm`` with ``partition`` as Inductor's partitioner; cacheable by
-    Inductor's caches when ``plans`` gives the compile an identity (see the module)."""
+    Inductor's caches when ``plans`` gives the compile an identity (see the module). Each compile
+    is a candidate for torch's precompile (``capture.precompiled``)."""
+    compiled = _compile_fx(gm, example_inputs, partition, compiling, plans)
+    note_candidate(compiled)
+    return compiled
+
+
+def _compile_fx(gm: fx.GraphModule, example_inputs: list[Any],
+                partition: Callable[..., tuple[fx.GraphModule, fx.GraphModule]],
+                compiling: Compiling, plans: CompiledPlans | None) -> Any:
     from torch._functorch import config as functorch_config
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx

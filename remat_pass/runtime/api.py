@@ -32,7 +32,8 @@ from remat_pass.solvers.problem import Plan
 from ..planning.budget import parse_budget
 from ..capture.capture import capture_failure
 from ..capture.capture_errors import CaptureCause
-from ..compat import checkpoint_side_effects_run_once, inductor_cache_dir, recompile_limit, recompile_limit_errors
+from ..compat import (caching_precompile, checkpoint_side_effects_run_once, inductor_cache_dir, recompile_limit,
+                      recompile_limit_errors)
 from ..annotate.costs import CostModel, DeviceProfile, model_profile
 from .distributed import reject_wrapped_model
 from .dynamo_backend import RematBackend
@@ -114,6 +115,7 @@ class RematModule(nn.Module):
         self._last_ran: tuple[Plan, ...] = ()  # the plans of the graph pieces the last call ran
         self._calls = threading.local()  # .ran: the plans of the graphs this thread's call ran
         self._warmed_up = False  # one no_grad warm-up forward ran for a first-call lock or hooks
+        self._told_no_plan = False  # logged that a call ran no plan of ours (a precompiled step)
         self._backend = RematBackend(
             settings.budget, inner=settings.inner, solver=settings.solver, device=settings.device,
             time_limit=settings.time_limit, budget_kind=settings.budget_kind, free_inputs=settings.fullgraph,
@@ -167,6 +169,11 @@ class RematModule(nn.Module):
         self._calls.ran = ()
         output = self._run_compiled(args, kwargs)
         ran = self._calls.ran
+        if not ran and not self._last_ran and not self._told_no_plan and caching_precompile():
+            self._told_no_plan = True  # the compiled step came from torch's precompile: remat_pass was not called
+            logger.info("%s: this training call ran a step compiled in another process (torch's precompile, "
+                        "TORCH_CACHING_PRECOMPILE): its plan is not known here, so .plan and .pieces stay empty",
+                        type(self.module).__name__)
         if len(self._backend.plans) > made_before:
             self._key_new_plans(ran, args, kwargs)
         if ran:

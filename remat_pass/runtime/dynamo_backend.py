@@ -47,6 +47,7 @@ from ..planning.budget import Budget, parse_budget
 from ..annotate.attribution import module_path
 from ..capture.capture import INNER_COMPILERS, JointGraph, make_dynamo_backend
 from ..capture.inductor_compile import graph_digest
+from ..capture.precompiled import program_stored_as_returned
 from ..capture.loss_chunking import (ChunkLoss, LossGradients, as_chunk_loss, chunk_for_budget, chunkable,
                                      chunking_extra_flops, would_split)
 from ..planning.loss_choice import Pin, choose_loss
@@ -263,12 +264,12 @@ class RematBackend:
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
         with phase(f"capturing and planning graph {len(self.plans) + 1}",
-                   f"captured and planned graph {len(self.plans) + 1}"):
+                   f"captured and planned graph {len(self.plans) + 1}"), program_stored_as_returned(gm) as settle:
             if self.fits_compiled_peak:
-                return self._compile_fitted(gm, example_inputs)
+                return settle(self._compile_fitted(gm, example_inputs))
             if not (self._chunk_when_infeasible and chunkable(gm)):
-                return self._compile(gm, example_inputs)
-            return self._whole_or_chunked(gm, example_inputs, self.inner)
+                return settle(self._compile(gm, example_inputs))
+            return settle(self._whole_or_chunked(gm, example_inputs, self.inner))
 
     def _whole_or_chunked(self, gm: fx.GraphModule, example_inputs: list[Any], inner: str) -> Any:
         """``chunk_loss=None``: the loss whole or chunked, by ``loss_choice.choose_loss``, each
