@@ -207,6 +207,16 @@ def caching_precompile() -> bool:
     return bool(getattr(torch._dynamo.config, "caching_precompile", False))
 
 
+def precompile_source_id(fn: Callable[..., Any]) -> str:
+    """The key torch's precompile stores a compiled function under (``CompilePackage.source_id_from_fn``:
+    its qualified name and first line); the qualified name where this torch has no precompile."""
+    try:
+        from torch._dynamo.package import CompilePackage
+    except ImportError:
+        return getattr(fn, "__qualname__", repr(fn))
+    return CompilePackage.source_id_from_fn(fn)
+
+
 def precompile_artifact(backend_id: str) -> Any:
     """The compiled program torch's precompile (``torch._dynamo.config.caching_precompile``, torch
     2.9+) holds for the Dynamo graph ``backend_id`` (``gm._backend_id``), to be saved by

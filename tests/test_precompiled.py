@@ -19,6 +19,7 @@ from torch._dynamo.precompile_context import BackendCacheArtifact, PrecompileCon
 import remat_pass
 from remat_pass.capture.precompiled import note_candidate, program_stored_as_returned
 from remat_pass.runtime import dynamo_backend
+from remat_pass.runtime.inductor_fit import plan_identity
 
 from .helpers import run_step
 from .models import make_case
@@ -37,6 +38,13 @@ def _compile(content: str) -> object:
     program = SimpleNamespace(name=content)
     note_candidate(program)
     return program
+
+
+@pytest.fixture
+def precompile():
+    """torch's precompile on for the test (``config.patch``: monkeypatch's undo would delete the entry)."""
+    with torch._dynamo.config.patch(caching_precompile=True):
+        yield
 
 
 @pytest.fixture(autouse=True)
@@ -89,12 +97,11 @@ def test_a_graph_without_a_backend_id_is_not_touched():
 
 
 @pytest.mark.slow
-def test_a_restarted_process_runs_the_fits_choice_without_the_backend(tmp_path, monkeypatch):
+def test_a_restarted_process_runs_the_fits_choice_without_the_backend(tmp_path, monkeypatch, precompile):
     """End to end, in one process (``torch._dynamo.reset()`` in between): the fit compiles one more
     candidate after its choice (keep-everything, as a fit that went on past its choice would), the
     artifacts are saved, and the restarted step runs the chosen plan without calling the backend."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    monkeypatch.setattr(torch._dynamo.config, "caching_precompile", True)
     fit_peak = dynamo_backend.fit_peak
     last_compiled = []
 
@@ -129,15 +136,32 @@ def test_a_restarted_process_runs_the_fits_choice_without_the_backend(tmp_path, 
     assert all(torch.equal(again.grads[name], grad) for name, grad in first.grads.items())
 
 
-def test_a_step_compiled_in_another_process_is_said_to_have_no_plan_here(monkeypatch, caplog):
-    """Under precompile a restarted ``RematModule`` runs a step nothing of ours compiled: no plan ran,
-    which is logged once (``.plan`` stays None), not mistaken for a graph with nothing to plan."""
+def _restarted(model, budget):
+    """A ``RematModule`` whose compiled step runs without calling remat_pass, as a precompiled one does."""
+    optimized = remat_pass.optimize(model, budget=budget)
+    object.__setattr__(optimized, "_compiled", model)
+    return optimized
+
+
+def test_a_restarted_step_reads_back_the_plan_it_was_compiled_with(precompile):
+    """Under precompile a ``RematModule`` records its plans beside its settings when it compiles; a
+    restarted one, whose step torch installs without calling remat_pass, reads them back as ``.plan``."""
     model, inputs, _ = make_case("mlp")
-    optimized = remat_pass.optimize(model, budget=0.5)
-    object.__setattr__(optimized, "_compiled", model)  # what precompile installs runs without the backend
-    monkeypatch.setattr(torch._dynamo.config, "caching_precompile", True)
-    with caplog.at_level("INFO", logger="remat_pass"):
-        optimized(*inputs)
-        optimized(*inputs)
-    told = [r for r in caplog.records if "compiled in another process" in r.getMessage()]
-    assert len(told) == 1 and optimized.plan is None
+    first = remat_pass.optimize(model, budget=0.5)
+    first(*inputs)
+    restarted = _restarted(model, 0.5)
+    restarted(*inputs)
+    assert restarted.plan is not None and plan_identity(restarted.plan) == plan_identity(first.plan)
+
+
+def test_a_restarted_step_planned_under_other_settings_is_warned_about(precompile):
+    """torch keys the saved step by the function alone: a restart under another budget would run the
+    old plan. No record under today's settings: a warning at the user's line, naming what to delete."""
+    model, inputs, _ = make_case("mlp")
+    remat_pass.optimize(model, budget=0.5)(*inputs)
+    restarted = _restarted(model, 0.3)
+    with pytest.warns(UserWarning, match="delete .*dynamo") as caught:
+        restarted(*inputs)
+        restarted(*inputs)  # said once
+    assert len(caught) == 1 and caught[0].filename == __file__
+    assert restarted.plan is None

@@ -41,6 +41,7 @@ from ..errors import CaptureError, RematError
 from ..capture.inputs import call_inputs, canonical, forward_signature
 from ..planning.pipeline import DEFAULT_BUDGET
 from .plan_cache import as_plan_cache
+from .precompiled_plans import plans_compiled_elsewhere, record_plans
 from .plan_keys import PlanKey, plan_key, replan_reason
 from ..capture.state import untouched
 
@@ -115,7 +116,7 @@ class RematModule(nn.Module):
         self._last_ran: tuple[Plan, ...] = ()  # the plans of the graph pieces the last call ran
         self._calls = threading.local()  # .ran: the plans of the graphs this thread's call ran
         self._warmed_up = False  # one no_grad warm-up forward ran for a first-call lock or hooks
-        self._told_no_plan = False  # logged that a call ran no plan of ours (a precompiled step)
+        self._asked_precompile = False  # a call ran no plan of ours (a precompiled step): its record read
         self._backend = RematBackend(
             settings.budget, inner=settings.inner, solver=settings.solver, device=settings.device,
             time_limit=settings.time_limit, budget_kind=settings.budget_kind, free_inputs=settings.fullgraph,
@@ -136,6 +137,8 @@ class RematModule(nn.Module):
         first = len(self._backend.plans)
         compiled = self._backend(gm, example_inputs)
         plans = tuple(self._backend.plans[first:])
+        if caching_precompile():  # a restart may run this step without us: say what it was planned under
+            record_plans(self._settings.plan_cache, self.module, self._backend.options, plans)
         calls = self._calls
 
         @functools.wraps(compiled)  # keeps the calling convention flags (_boxed_call)
@@ -169,11 +172,9 @@ class RematModule(nn.Module):
         self._calls.ran = ()
         output = self._run_compiled(args, kwargs)
         ran = self._calls.ran
-        if not ran and not self._last_ran and not self._told_no_plan and caching_precompile():
-            self._told_no_plan = True  # the compiled step came from torch's precompile: remat_pass was not called
-            logger.info("%s: this training call ran a step compiled in another process (torch's precompile, "
-                        "TORCH_CACHING_PRECOMPILE): its plan is not known here, so .plan and .pieces stay empty",
-                        type(self.module).__name__)
+        if not ran and not self._last_ran and not self._asked_precompile and caching_precompile():
+            self._asked_precompile = True  # the step came from torch's precompile: remat_pass was not called
+            ran = plans_compiled_elsewhere(self._settings.plan_cache, self.module, self._backend.options)
         if len(self._backend.plans) > made_before:
             self._key_new_plans(ran, args, kwargs)
         if ran:
