@@ -9,6 +9,7 @@ cache, or a plan cache without the plan: the compile plans, as before.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import pickle
 
 import pytest
@@ -17,6 +18,7 @@ from torch._dynamo.utils import counters
 
 import remat_pass
 from remat_pass.capture.inductor_compile import InductorPartitioner, graph_digest
+from remat_pass.planning.budget import parse_budget
 from remat_pass.runtime import dynamo_backend
 from remat_pass.runtime.inductor_fit import plan_identity
 
@@ -72,6 +74,29 @@ def test_a_cache_entry_without_its_plan_is_compiled_again_and_planned(tmp_path, 
     backend, actual = _compiled_step(copy.deepcopy(model), inputs, loss_fn, budget=0.5, plan_cache=tmp_path / "b")
     assert len(planned) == 2 and len(backend.plans) == 1
     assert all(torch.equal(actual.grads[name], grad) for name, grad in expected.grads.items())
+
+
+def test_a_cache_entry_without_its_plan_is_never_paired_with_a_plan_made_again(tmp_path, monkeypatch):
+    """The plan made again for such a hit may differ from the program in Inductor's caches (the
+    searches are time-limited; here the planner is made to give another plan). The compile made
+    again goes under a new identity, so a later process (this plan cache, the same Inductor caches)
+    runs the program of the plan it reads back, not the first process's program."""
+    from remat_pass.runtime import dynamo_backend as backend_module
+    from remat_pass.runtime.plan_cache import Renewed, PlanCache
+
+    model, inputs, loss_fn = make_case("mlp")
+    _, first = _compiled_step(copy.deepcopy(model), inputs, loss_fn, budget=0.5, plan_cache=tmp_path / "a")
+    plan = backend_module.plan_joint_graph
+    monkeypatch.setattr(backend_module, "plan_joint_graph",  # another plan for the same compile identity
+                        lambda joint, options: plan(joint, dataclasses.replace(options, budget=parse_budget(0.1))))
+    again, second = _compiled_step(copy.deepcopy(model), inputs, loss_fn, budget=0.5, plan_cache=tmp_path / "b")
+    assert second.saved_bytes < first.saved_bytes, "the plan made again should keep less"
+    monkeypatch.setattr(backend_module, "plan_joint_graph", plan)
+    later, third = _compiled_step(copy.deepcopy(model), inputs, loss_fn, budget=0.5, plan_cache=tmp_path / "b")
+    assert [plan_identity(p) for p in later.plans] == [plan_identity(p) for p in again.plans]
+    assert third.saved_bytes == second.saved_bytes, "a hit ran the first process's program with the new plan"
+    assert any(isinstance(PlanCache(tmp_path / "b").get_compiled(path.stem, count=False), Renewed)
+               for path in (tmp_path / "b" / "compiled").glob("*.pickle"))
 
 
 def test_without_a_plan_cache_inductors_caches_never_answer(monkeypatch):

@@ -14,8 +14,10 @@ the caches work as they do for torch.compile: a second process's compile of the 
 the same settings is answered by AOTAutograd's cache without tracing the joint graph, so without
 calling the partitioner, so without a plan. The plan is therefore stored beside it under the same
 identity (``PlanCache.put_compiled``) and handed back on such a hit
-(``CompiledPlans.reuse_compiled``); a hit whose plan is not stored (the plan cache was emptied)
-compiles again with AOTAutograd's cache off, so every compile has its plan. A compile the planner
+(``CompiledPlans.reuse_compiled``); a hit whose plan is not stored (the plan cache was emptied,
+Inductor's was not) compiles and plans again under a new identity (``CompiledPlans.renew_identity``),
+which later compiles of it are given: the program in the caches may be another plan's (the searches
+are time-limited), and a later hit must not pair it with the plan made now. A compile the planner
 refused leaves nothing in Inductor's caches; its refusal is stored the same way and raised again
 before tracing (``CompiledPlans.refuse_as_before``).
 """
@@ -54,6 +56,10 @@ class CompiledPlans(Protocol):
     def refuse_as_before(self, identity: str) -> None:
         """Raise the refusal stored under ``identity``, if one is: a refused compile leaves
         nothing in Inductor's caches, and refusing again is the same answer without the trace."""
+
+    def renew_identity(self, identity: str) -> str:
+        """A new identity for the compile ``identity``, whose program in Inductor's caches has no
+        plan stored: later compiles of the same graph and settings are given the new one."""
 
 
 class Compiling(Protocol):
@@ -135,7 +141,6 @@ def compile_with_inductor(gm: fx.GraphModule, example_inputs: list[Any],
 def _compile_fx(gm: fx.GraphModule, example_inputs: list[Any],
                 partition: Callable[..., tuple[fx.GraphModule, fx.GraphModule]],
                 compiling: Compiling, plans: CompiledPlans | None) -> Any:
-    from torch._functorch import config as functorch_config
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx
 
@@ -163,13 +168,16 @@ def _compile_fx(gm: fx.GraphModule, example_inputs: list[Any],
         logger.info("Inductor's caches answered the compile %s: no trace of the joint graph, no plan made, "
                     "what was stored under it reused", identity[:12])
         return compiled
-    logger.info("Inductor's caches answered the compile %s but no plan is stored under it; compiling "
-                "again without AOTAutograd's cache", identity[:12])
-    with inductor_config.patch(custom_partitioner_fn=partitioner), \
-            functorch_config.patch(enable_autograd_cache=False):
+    # The program is another process's plan, and a plan made now may differ (time-limited searches):
+    # compiled again under a new identity, so that no later hit pairs that program with this plan.
+    renewed = plans.renew_identity(identity)
+    logger.info("Inductor's caches answered the compile %s but no plan is stored under it; compiling and "
+                "planning again as %s", identity[:12], renewed[:12])
+    compiling.identity, compiling.partitioned = renewed, False
+    with inductor_config.patch(custom_partitioner_fn=InductorPartitioner(partition, renewed)):
         compiled = compile_fx(gm, example_inputs, config_patches=passes)
     if not compiling.partitioned:  # nothing to partition after all: the next hit needs no plan
-        plans.remember_unplanned(identity)
+        plans.remember_unplanned(renewed)
     return compiled
 
 

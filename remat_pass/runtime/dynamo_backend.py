@@ -31,9 +31,11 @@ variables"), at each compile:
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
+import uuid
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -55,7 +57,7 @@ from ..compat import backward_compiled_with_forward, has_custom_partitioner
 from ..annotate.costs import CostModel, DeviceProfile, parse_costs
 from ..rewrite.offload import check_offload_options, parse_host_budget
 from .inductor_fit import FitOutcome, SamePlan, fit_peak, plan_identity, refit
-from .plan_cache import PlanCache, Refusal, Unplanned, as_plan_cache, compiled_key
+from .plan_cache import PlanCache, Refusal, Renewed, Unplanned, as_plan_cache, compiled_key
 from .plan_cache import from_text as plan_cache_from_text
 from ..planning.progress import phase
 from ..errors import InvalidBudgetError
@@ -230,7 +232,18 @@ class RematBackend:
         (``capture.inductor_compile``): the graph and every planning input in force now (a
         fitting attempt's budget included); None, so never answered by a cache, without a plan
         cache to keep its plan beside it."""
-        return None if self.options.plan_cache is None else compiled_key(graph, self._options_now())
+        if self.options.plan_cache is None:
+            return None
+        identity = compiled_key(graph, self._options_now())
+        renewed = self.options.plan_cache.get_compiled(identity, count=False)
+        return renewed.identity if isinstance(renewed, Renewed) else identity
+
+    def renew_identity(self, identity: str) -> str:
+        """A new identity for ``identity`` (a nonce: a renewed one may be lost again), kept under it."""
+        renewed = hashlib.sha256(f"{identity} renewed {uuid.uuid4()}".encode()).hexdigest()
+        if self.options.plan_cache is not None:
+            self.options.plan_cache.put_compiled(identity, Renewed(renewed))
+        return renewed
 
     def reuse_compiled(self, identity: str) -> bool:
         """Inductor's caches answered a compile without planning: its stored plan is this compile's."""

@@ -207,6 +207,16 @@ class Unplanned:
     """A compile with nothing to plan (no backward graph): its cache hit needs no plan."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Renewed:
+    """Inductor's caches hold a program under a compile's identity whose plan this cache lost (it was
+    emptied or moved, Inductor's was not), and a plan made again may differ from that program's (the
+    searches are time-limited): the compile was made again under ``identity``, a new one, and later
+    compiles of it use that (``capture.inductor_compile``)."""
+
+    identity: str
+
+
 @dataclasses.dataclass
 class PlanCache:
     """Plans on disk under ``directory``, one JSON file per (problem, planning inputs) key.
@@ -442,6 +452,6 @@ def as_plan_cache(value: PlanCache | str | os.PathLike[str] | bool | None) -> Pl
     raise TypeError(f"plan_cache must be a PlanCache, a directory path, True, False or None, got {type(value).__name__}")
 
 
-__all__ = ["DEFAULT_DIRECTORY", "OFF_WORDS", "PlanCache", "Refusal", "Unplanned", "from_text", "as_plan_cache", "cache_key", "canonical",
+__all__ = ["DEFAULT_DIRECTORY", "OFF_WORDS", "PlanCache", "Refusal", "Renewed", "Unplanned", "from_text", "as_plan_cache", "cache_key", "canonical",
            "code_digest", "compiled_key",
            "default_directory", "planning_versions", "problem_digest"]
