@@ -45,8 +45,8 @@ Under Inductor a compile is also cached by Inductor's own caches, keyed by the g
 planning input (``compiled_key``; ``capture.inductor_compile``); on their hit nothing is traced or
 planned, so what the compile's planning produced is stored under ``compiled/`` by that key: its
 ``Plan`` (with its problem), its refusal (``Refusal``), that it had nothing to plan
-(``Unplanned``), or where a peak budget's fit ended (``inductor_fit.FitOutcome``). Pickled and
-read back like ``traced/``.
+(``Unplanned``), where a peak budget's fit ended (``inductor_fit.FitOutcome``), or the new identity
+a compile was made again under after its plan was lost (``Renewed``). Pickled and read back like ``traced/``.
 
 Quantizing the measured costs into the key was the alternative; it was not taken because a
 graph has hundreds of ops, and one of them jittering across a bucket edge is a miss. Hits and misses are logged at INFO and counted
