@@ -8,6 +8,7 @@
     python -m benchmarks.planning_time --restart remat               # a job started twice: cold, then warm caches
     python -m benchmarks.planning_time --restart optimize            # ... with optimize(..., inner="inductor")
     python -m benchmarks.planning_time --restart optimize --precompile  # ... with torch's TORCH_CACHING_PRECOMPILE=1
+    python -m benchmarks.planning_time --restart optimize-eager --precompile  # ... optimize's default, inner="eager"
 
 ``--solver-limits``: the problems are traced once (the first-call 12-layer HF GPT-2 on real tensors at
 its checkpointing peak; the scaling GPT at 12 and 48 layers and three small HF models on meta tensors,
@@ -15,12 +16,13 @@ at per-block checkpointing's simulated peak, halfway to keep-all's, and 0.85 of 
 ``ilp_peak`` without proof work solves each at every limit, with no search before a refusal, and at
 the default effort (``effort.effort_options``: 2 s, then on to 10 s before a refusal).
 ``--first-step``: a new process per run; the Inductor runs get a fresh ``TORCHINDUCTOR_CACHE_DIR``.
-``--restart inductor|remat|optimize``: ``--first-step`` in two new processes, one after the other, sharing
+``--restart inductor|remat|optimize|optimize-eager``: ``--first-step`` in two new processes, one after the other, sharing
 one fresh ``TORCHINDUCTOR_CACHE_DIR`` and (remat) one fresh plan cache: the second process's first
 step is what restarting a job costs, its compiles answered by Inductor's caches where they can be
 (``remat_pass.capture.inductor_compile``). ``--precompile`` sets torch's ``TORCH_CACHING_PRECOMPILE=1`` in both
 processes and the first saves ``torch.compiler.save_cache_artifacts()`` after its steps: the second then
-runs Dynamo's and Inductor's saved work without tracing (``remat_pass.capture.precompiled``).
+runs Dynamo's and Inductor's saved work without tracing (``remat_pass.capture.precompiled``; the eager inner
+compiler's graphs are saved as graphs: ``remat_pass.capture.eager_compile``).
 """
 
 from __future__ import annotations
@@ -113,6 +115,8 @@ def first_step(which: str, plan_cache: str | bool = False) -> None:
     if which == "optimize":  # remat_pass.optimize with Inductor as its inner compiler
         compiled = remat_pass.optimize(model, budget=budget, budget_kind="peak", inner="inductor",
                                        plan_cache=plan_cache)
+    elif which == "optimize-eager":  # remat_pass.optimize as a user calls it: its default inner compiler, eager
+        compiled = remat_pass.optimize(model, budget=budget, budget_kind="peak", plan_cache=plan_cache)
     else:
         compiled = torch.compile(model, backend=backend)
     for step in ("first", "second"):
@@ -122,7 +126,7 @@ def first_step(which: str, plan_cache: str | bool = False) -> None:
         loss.backward()
         print(f"{which}: {step} step {time.perf_counter() - began:.2f} s (forward, with its compile, {forward:.2f} s; "
               f"peak budget {budget} for remat; AOTAutograd cache {dict(counters['aot_autograd'])})", flush=True)
-    if which in ("remat", "optimize"):  # the budget is a promise: the step's peak measured, compiled anew or not
+    if which in ("remat", "optimize", "optimize-eager"):  # the budget is a promise: the step's peak measured, compiled anew or not
         from remat_pass.runtime.measure import peak_activation_bytes
 
         grads = [p for p in model.parameters() if p.requires_grad]
@@ -155,16 +159,17 @@ def restart(which: str, precompile: bool = False) -> None:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.planning_time", description=__doc__.split("\n\n")[0])
     p.add_argument("--solver-limits", type=lambda text: [float(x) for x in text.split(",")], default=None)
-    p.add_argument("--first-step", choices=("inductor", "remat", "optimize", "whole", "regional"), default=None)
+    p.add_argument("--first-step", choices=("inductor", "remat", "optimize", "optimize-eager", "whole", "regional"),
+                   default=None)
     p.add_argument("--plan-cache", default=None, help="remat's plan cache for --first-step (default: none)")
-    p.add_argument("--restart", choices=("inductor", "remat", "optimize"), default=None)
+    p.add_argument("--restart", choices=("inductor", "remat", "optimize", "optimize-eager"), default=None)
     p.add_argument("--precompile", action="store_true",
                    help="--restart with torch's TORCH_CACHING_PRECOMPILE=1 (Dynamo's work saved too)")
     args = p.parse_args(argv)
     if args.restart:
         restart(args.restart, args.precompile)
         return
-    if args.first_step in ("inductor", "remat", "optimize"):
+    if args.first_step in ("inductor", "remat", "optimize", "optimize-eager"):
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="inductor_"))  # cold, as a new machine
     if args.solver_limits:
         solver_limits(args.solver_limits)

@@ -10,6 +10,7 @@ checked in one file, and each shim says what it guards. The project is tested on
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 import os
@@ -205,6 +206,43 @@ def inductor_cache_dir() -> str:
 def caching_precompile() -> bool:
     """Whether torch's precompile is on (``TORCH_CACHING_PRECOMPILE=1``; False where this torch has none)."""
     return bool(getattr(torch._dynamo.config, "caching_precompile", False))
+
+
+def aot_cache_bundles_graphs() -> bool:
+    """Whether AOTAutograd's cache stores the compiled graphs in its entries (``bundled_autograd_cache``,
+    or torch's precompile, which bundles): then it can store graphs that are not Inductor's."""
+    return caching_precompile() or bool(getattr(torch._functorch.config, "bundled_autograd_cache", False))
+
+
+def _starts_with(prefixes: tuple[str, ...], name: str) -> bool:
+    return name.startswith(prefixes)
+
+
+def _is_among(names: tuple[str, ...], name: str) -> bool:
+    return name in names
+
+
+def storable_graph_compiler(compile_graph: Callable[[fx.GraphModule], fx.GraphModule],
+                            ops: tuple[str, ...], metadata: tuple[str, ...]) -> Any:
+    """An AOTAutograd forward/backward compiler returning ``compile_graph(gm)`` in the shape
+    AOTAutograd's cache stores (``SerializableAOTDispatchCompiler`` of ``RegionalOutputCode``: the
+    GraphModule itself, pickled with torch's ``GraphPickler``), which pickles the ops whose names
+    start with one of ``ops`` (another bypasses the cache) and the nodes' ``metadata`` keys only;
+    None where this torch has no such compiler."""
+    try:
+        from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
+        from torch._inductor.output_code import RegionalOutputCode
+    except ImportError:
+        return None
+    if not {"ops_filter", "node_metadata_key_filter"} <= set(inspect.signature(RegionalOutputCode).parameters):
+        return None
+
+    def compile_(gm: fx.GraphModule, _inputs: Sequence[Any]) -> Any:
+        # The filters are pickled with the entry: module-level functions, not closures.
+        return RegionalOutputCode(compile_graph(gm), ops_filter=functools.partial(_starts_with, ops),
+                                  node_metadata_key_filter=functools.partial(_is_among, metadata))
+
+    return SerializableAOTDispatchCompiler(RegionalOutputCode, compile_)
 
 
 def precompile_source_id(fn: Callable[..., Any]) -> str:
@@ -406,9 +444,9 @@ def _allocator_trace_events(trace: list[dict[str, Any]]) -> list[tuple[int, int,
 
 
 __all__ = [
-    "CustomGraphPass", "PartitionerBase", "get_hash_for_files", "allocator_events", "autograd_inside_kernel", "concrete_int", "cuda_allocator_events",
+    "CustomGraphPass", "PartitionerBase", "get_hash_for_files", "aot_cache_bundles_graphs", "allocator_events", "autograd_inside_kernel", "concrete_int", "cuda_allocator_events",
     "extract_fwd_bwd_modules", "fake_tensor_mode", "forget_compiled", "has_custom_partitioner", "inductor_cache_dir", "is_fake", "is_symbolic",
     "is_view_op",
-    "real_tensors", "recompile_limit", "recompile_limit_errors",
+    "real_tensors", "recompile_limit", "recompile_limit_errors", "storable_graph_compiler",
     "use_boxed_codegen",
 ]

@@ -172,3 +172,35 @@ def test_a_restarted_step_planned_under_other_settings_is_warned_about(precompil
         restarted(*inputs)  # said once
     assert len(caught) == 1 and caught[0].filename == __file__
     assert restarted.plan is None
+
+
+def test_a_restarted_eager_step_runs_without_the_backend(tmp_path, monkeypatch, precompile):
+    """``optimize``'s default inner compiler, eager, is stored too (``capture.eager_compile``: the
+    rewritten graphs themselves in AOTAutograd's bundled entry): after the save the restarted step
+    runs without calling remat_pass, with the first process's saved bytes, loss and gradients
+    (dropout on), and reads its plan back. Before, precompile saved no entry for an eager graph
+    ("Backend not found"), and the restart traced and planned again."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    model, inputs, loss_fn = make_case("gpt")
+    first_model = copy.deepcopy(model)
+    optimized = remat_pass.optimize(first_model, budget=0.3, plan_cache=tmp_path / "plans")
+    run_step(first_model, optimized, inputs, loss_fn)
+    first = run_step(first_model, optimized, inputs, loss_fn)
+    torch.compiler.save_cache_artifacts()
+    torch._dynamo.reset()
+
+    def not_called(self, gm, example_inputs):
+        raise AssertionError("the restarted step called the backend: precompile did not answer it")
+
+    monkeypatch.setattr(dynamo_backend.RematBackend, "__call__", not_called)
+    restarted_model = copy.deepcopy(model)
+    restarted = remat_pass.optimize(restarted_model, budget=0.3, plan_cache=tmp_path / "plans")
+    try:
+        again = run_step(restarted_model, restarted, inputs, loss_fn)
+    finally:
+        for code in {type(module).forward.__code__ for module in model.modules()}:
+            torch._C._dynamo.eval_frame._reset_precompile_entries(code)
+    assert again.saved_bytes == first.saved_bytes
+    assert torch.equal(again.loss, first.loss)
+    assert all(torch.equal(again.grads[name], grad) for name, grad in first.grads.items())
+    assert restarted.plan is not None and plan_identity(restarted.plan) == plan_identity(optimized.plan)

@@ -9,8 +9,9 @@ pair of graphs. ``optimize`` and the ``torch.compile`` backend both go through
 ``make_dynamo_backend``; each subgraph between graph breaks is partitioned on its own.
 
 The inner compiler compiles the two rewritten graphs: ``"eager"`` runs them as FX Python code
-(boxed, so that saved tensors are freed as soon as backward is done with them), ``"inductor"``
-lets Inductor compile them with our partitioner installed as its custom partitioner.
+(boxed, so that saved tensors are freed as soon as backward is done with them: ``eager_compile``),
+``"inductor"`` lets Inductor compile them with our partitioner installed as its custom partitioner
+(``inductor_compile``). Both may be answered by torch's caches (``cached_compile``).
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ from torch import fx
 
 from .capture_errors import capture_failure
 from .loss_chunking import ChunkLoss, chunk_losses, copied
-from .inductor_compile import CompiledPlans, compile_with_inductor
-from ..compat import checkpoint_side_effects_run_once, has_custom_partitioner, is_fake, use_boxed_codegen
+from .cached_compile import CompiledPlans
+from .eager_compile import compile_eager
+from .inductor_compile import compile_with_inductor
+from ..compat import checkpoint_side_effects_run_once, has_custom_partitioner, is_fake
 from ..errors import CaptureError
 from .state import untouched
 
@@ -125,22 +128,6 @@ def _partition_fn(handler: JointGraphHandler, compiling: _Compiling,
     return partition
 
 
-def _boxed_eager(gm: fx.GraphModule, _example_inputs: Sequence[Any]) -> Callable[[list[Any]], Any]:
-    """Run a graph as generated Python that takes its arguments as a list and clears it.
-
-    Boxed calling lets the graph drop each saved tensor after its last use in backward;
-    an unboxed call would keep every argument alive until the whole graph returns.
-    """
-    use_boxed_codegen(gm)
-    forward = gm.forward
-
-    def run(args: list[Any]) -> Any:
-        return forward(args)
-
-    run._boxed_call = True  # type: ignore[attr-defined]
-    return run
-
-
 def _inductor_backend(handler: JointGraphHandler, plans: CompiledPlans | None) -> Callable[[fx.GraphModule, list[Any]], Any]:
     if not has_custom_partitioner():
         raise CaptureError(
@@ -175,17 +162,18 @@ def make_dynamo_backend(handler: JointGraphHandler, inner: str = "eager",
                         chunk_loss: ChunkLoss | None = None, plans: CompiledPlans | None = None) -> Callable[..., Any]:
     """A ``torch.compile`` backend that partitions every joint graph with ``handler``; with
     ``chunk_loss``, each graph's language-model loss is chunked first (``loss_chunking``).
-    ``plans``: with Inductor, where its caches may answer a compile (``inductor_compile``)."""
+    ``plans``: where torch's caches may answer a compile (``cached_compile``)."""
     if inner == "inductor":
         return _chunking_losses(chunk_loss, _inductor_backend(handler, plans))
     if inner != "eager":
         raise ValueError(f"inner compiler must be one of {INNER_COMPILERS}, got {inner!r}")
-    from torch._dynamo.backends.common import aot_autograd
-
     compiling = _Compiling()
-    compile_fn = aot_autograd(fw_compiler=_boxed_eager, bw_compiler=_boxed_eager,
-                              partition_fn=_partition_fn(handler, compiling))
-    return _chunking_losses(chunk_loss, _recording_inputs(compiling, compile_fn))
+    partition = _partition_fn(handler, compiling)
+
+    def compile_(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+        return compile_eager(gm, example_inputs, partition, compiling, plans)
+
+    return _chunking_losses(chunk_loss, _recording_inputs(compiling, compile_))
 
 
 def capture(model: torch.nn.Module, example_inputs: Sequence[Any],

@@ -178,7 +178,7 @@ class RematBackend:
         # Inductor under a peak budget: the budget is fitted to the compiled program (inductor_fit).
         self.fits_compiled_peak = inner == "inductor" and resolve_budget_kind(parsed, budget_kind) is BudgetKind.PEAK
         # Inductor by default, not by request: a budget it cannot be fitted to runs eager instead.
-        self._eager_fallback = (make_dynamo_backend(self._partition, "eager", chunking)
+        self._eager_fallback = (make_dynamo_backend(self._partition, "eager", chunking, self)
                                 if self.fits_compiled_peak and not inner_chosen else None)
         # .asked, .seen, .made, .answered (by Inductor's caches): one fitting attempt on this thread
         self._fitting = threading.local()
