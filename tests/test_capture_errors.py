@@ -288,3 +288,33 @@ def test_mixtral_with_router_logits_is_warmed_up_and_captured_whole():
     optimized = remat_pass.optimize(model, budget=0.5)
     assert_same_step(run_step(model, optimized, (tokens,), loss), expected)
     assert len(optimized.pieces) == 1
+
+
+def _scale_made_in_a_function() -> nn.Module:
+    class Scale(nn.Module):  # a class defined in a function, as transformers' rotary embeddings are
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+    return Scale()
+
+
+class _UsesALocalClass(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.scale = _scale_made_in_a_function()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.scale(self.linear(x))
+
+
+def test_a_step_torchs_precompile_cannot_save_says_so():
+    """Under TORCH_CACHING_PRECOMPILE Dynamo refuses a step whose guards name a class defined in a
+    function (transformers' Llama, Mistral, Qwen and Gemma; plain torch.compile fails the same way):
+    the error says it is precompile and to unset it, not to look for graph breaks."""
+    with torch._dynamo.config.patch(caching_precompile=True):
+        error = _capture_error(_UsesALocalClass(), torch.randn(3, 4))
+    message = str(error)
+    assert error.diagnosis.cause is CaptureCause.PRECOMPILE, message
+    assert "Unset TORCH_CACHING_PRECOMPILE" in message
+    assert "graph_breaks" not in message and "fullgraph=False" not in message

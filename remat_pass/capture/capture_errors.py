@@ -36,6 +36,7 @@ class CaptureCause(str, Enum):
     DATA_DEPENDENT = "data_dependent"
     LOGGING = "logging"
     NO_FAKE_IMPL = "no_fake_impl"
+    PRECOMPILE = "precompile"
     OTHER = "other"
 
 
@@ -121,6 +122,18 @@ _RULES: tuple[_Rule, ...] = (
     ),
 )
 
+_RULES += (
+    _Rule(
+        CaptureCause.PRECOMPILE,
+        re.compile(r"saved into torch\.compile\(\) package|guards_state must not be None|guard cannot be serialized"),
+        "torch's precompile (TORCH_CACHING_PRECOMPILE=1, experimental in torch) cannot save this step, and plain "
+        "torch.compile fails the same way under it: with torch 2.13 and transformers 5.25, Llama, Mistral, Qwen2, "
+        "Qwen3 and Gemma define a class inside a function (their rotary embedding's), and Falcon's step has a "
+        "guard torch cannot serialize. Unset TORCH_CACHING_PRECOMPILE: remat_pass's plan cache and torch's "
+        "caches still answer a restart's planning and compiles (the step is traced again).",
+    ),
+)
+
 _GENERAL_ADVICE = (
     "Common causes: data-dependent control flow (`if x.sum() > 0`), calls into code torch.compile cannot "
     f"trace, or Python side effects in forward. Make forward traceable, or use {_BACKEND_ADVICE}."
@@ -195,10 +208,10 @@ def capture_failure(error: BaseException) -> CaptureError:
     """Turn a Dynamo/AOTAutograd exception into an error that names the line and says what to do."""
     diagnosis = diagnose(error)
     where = f"\n  at {diagnosis.location()}" if diagnosis.frame else ""
+    breaks = "" if diagnosis.cause is CaptureCause.PRECOMPILE else "\nSet TORCH_LOGS=graph_breaks to see every place tracing stops."
     failure = CaptureError(
         f"could not capture the model as one graph: {type(error).__name__}: {diagnosis.reason}{where}\n"
-        f"What to do: {diagnosis.advice}\n"
-        "Set TORCH_LOGS=graph_breaks to see every place tracing stops."
+        f"What to do: {diagnosis.advice}{breaks}"
     )
     failure.diagnosis = diagnosis  # type: ignore[attr-defined]  # for programs that branch on the cause
     return failure

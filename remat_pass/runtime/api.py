@@ -31,7 +31,7 @@ from remat_pass.solvers.problem import Plan
 
 from ..planning.budget import parse_budget
 from ..capture.capture import capture_failure
-from ..capture.capture_errors import CaptureCause
+from ..capture.capture_errors import CaptureCause, diagnose
 from ..compat import (caching_precompile, checkpoint_side_effects_run_once, inductor_cache_dir, recompile_limit,
                       recompile_limit_errors)
 from ..annotate.costs import CostModel, DeviceProfile, model_profile
@@ -227,6 +227,10 @@ class RematModule(nn.Module):
             raise backend_failure(cause) from error
         except torch._dynamo.exc.TorchDynamoException as error:
             raise _with_fullgraph_hint(capture_failure(error), self._settings.fullgraph) from error
+        except AssertionError as error:  # torch's precompile fails some steps with a bare assertion
+            if caching_precompile() and diagnose(error).cause is CaptureCause.PRECOMPILE:
+                raise capture_failure(error) from error
+            raise
         except _RECOMPILE_LIMIT_HIT as error:  # not a TorchDynamoException
             limit = recompile_limit()
             raise CaptureError(
@@ -325,7 +329,8 @@ def _warn_graph_breaks(budget: object, pieces: int) -> None:
 
 def _with_fullgraph_hint(error: CaptureError, fullgraph: bool) -> CaptureError:
     """The capture error (its ``diagnosis`` kept), plus the way round a graph break ``optimize`` has."""
-    if fullgraph and error.args:
+    diagnosis = getattr(error, "diagnosis", None)
+    if fullgraph and error.args and getattr(diagnosis, "cause", None) is not CaptureCause.PRECOMPILE:
         error.args = (f"{error.args[0]}\nTo plan each piece between graph breaks instead, pass "
                       "optimize(..., fullgraph=False).", *error.args[1:])
     return error
