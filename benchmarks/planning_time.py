@@ -9,6 +9,7 @@
     python -m benchmarks.planning_time --restart optimize            # ... with optimize(..., inner="inductor")
     python -m benchmarks.planning_time --restart optimize --precompile  # ... with torch's TORCH_CACHING_PRECOMPILE=1
     python -m benchmarks.planning_time --restart optimize-eager --precompile  # ... optimize's default, inner="eager"
+    python -m benchmarks.planning_time --restart optimize-eager --bundled-aot-cache  # ... AOTAutograd's cache bundling graphs
 
 ``--solver-limits``: the problems are traced once (the first-call 12-layer HF GPT-2 on real tensors at
 its checkpointing peak; the scaling GPT at 12 and 48 layers and three small HF models on meta tensors,
@@ -22,7 +23,9 @@ step is what restarting a job costs, its compiles answered by Inductor's caches 
 (``remat_pass.capture.inductor_compile``). ``--precompile`` sets torch's ``TORCH_CACHING_PRECOMPILE=1`` in both
 processes and the first saves ``torch.compiler.save_cache_artifacts()`` after its steps: the second then
 runs Dynamo's and Inductor's saved work without tracing (``remat_pass.capture.precompiled``; the eager inner
-compiler's graphs are saved as graphs: ``remat_pass.capture.eager_compile``).
+compiler's graphs are saved as graphs: ``remat_pass.capture.eager_compile``). ``--bundled-aot-cache`` sets
+``torch._functorch.config.bundled_autograd_cache`` in both processes instead: AOTAutograd's cache then stores the
+eager compiler's graphs too, and the restart traces with Dynamo but plans and rewrites nothing.
 """
 
 from __future__ import annotations
@@ -93,11 +96,13 @@ def solver_limits(limits: list[float]) -> None:
         print(f"| {label} | " + " | ".join(cells) + " |", flush=True)
 
 
-def first_step(which: str, plan_cache: str | bool = False) -> None:
-    """One first training step under torch.compile, timed; then a second. ``plan_cache``: remat's."""
+def first_step(which: str, plan_cache: str | bool = False, bundled: bool = False) -> None:
+    """One first training step under torch.compile, timed; then a second. ``plan_cache``: remat's;
+    ``bundled``: AOTAutograd's cache bundles the compiled graphs (``bundled_autograd_cache``)."""
     import remat_pass
     from torch._dynamo.utils import counters
 
+    torch._functorch.config.bundled_autograd_cache = bundled
     model, tokens, budget = first_call_model()
     if which in ("whole", "regional"):
         with torch.no_grad():
@@ -141,9 +146,10 @@ def first_step(which: str, plan_cache: str | bool = False) -> None:
               f"{dict(counters['dynamo_cache'])}", flush=True)
 
 
-def restart(which: str, precompile: bool = False) -> None:
+def restart(which: str, precompile: bool = False, bundled: bool = False) -> None:
     """``first_step`` in a new process with cold caches, then in another with the caches it left;
-    ``precompile``: with torch's ``TORCH_CACHING_PRECOMPILE=1``, the first process saving its artifacts."""
+    ``precompile``: with torch's ``TORCH_CACHING_PRECOMPILE=1``, the first process saving its artifacts;
+    ``bundled``: both with AOTAutograd's cache bundling the compiled graphs."""
     caches = tempfile.mkdtemp(prefix="restart_")
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(caches, "inductor")}
     if precompile:
@@ -152,7 +158,8 @@ def restart(which: str, precompile: bool = False) -> None:
         print(f"-- a new process, {run}", flush=True)
         began = time.perf_counter()
         subprocess.run([sys.executable, "-m", "benchmarks.planning_time", "--first-step", which,
-                        "--plan-cache", os.path.join(caches, "plans")], env=env, check=True)
+                        "--plan-cache", os.path.join(caches, "plans"), *(["--bundled-aot-cache"] if bundled else [])],
+                       env=env, check=True)
         print(f"   (the process, imports and model included: {time.perf_counter() - began:.1f} s)", flush=True)
 
 
@@ -165,16 +172,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--restart", choices=("inductor", "remat", "optimize", "optimize-eager"), default=None)
     p.add_argument("--precompile", action="store_true",
                    help="--restart with torch's TORCH_CACHING_PRECOMPILE=1 (Dynamo's work saved too)")
+    p.add_argument("--bundled-aot-cache", action="store_true",
+                   help="with torch._functorch.config.bundled_autograd_cache (the eager compiler's graphs cached too)")
     args = p.parse_args(argv)
     if args.restart:
-        restart(args.restart, args.precompile)
+        restart(args.restart, args.precompile, args.bundled_aot_cache)
         return
     if args.first_step in ("inductor", "remat", "optimize", "optimize-eager"):
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="inductor_"))  # cold, as a new machine
     if args.solver_limits:
         solver_limits(args.solver_limits)
     if args.first_step:
-        first_step(args.first_step, args.plan_cache or False)
+        first_step(args.first_step, args.plan_cache or False, args.bundled_aot_cache)
 
 
 if __name__ == "__main__":
