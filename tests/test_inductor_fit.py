@@ -285,14 +285,14 @@ def test_where_no_plan_priced_for_the_fused_program_fits_plans_priced_unfused_ar
     backend = remat_pass.backend(budget="1MB", inner="inductor", chunk_loss=False)
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="1500000 bytes"):
         run_step(model, torch.compile(model, backend=backend), inputs, loss_fn)
-    assert priced_fused == [True, False]
+    assert priced_fused == [True, False, True]  # the last: the fused fit again, searching longer
     assert backend._options_now().fused_prices  # the next graph starts priced fused again
 
 
 def test_the_fits_candidates_are_refused_without_the_longer_search(monkeypatch):
     """A planner's refusal inside the fit moves the fit to another budget, so the fit's candidates
-    are planned without the search that runs on before a refusal (``effort.REFUSAL_TIME_LIMIT``);
-    a plan outside a fit keeps it."""
+    are planned without the search that runs on before a refusal (``effort.REFUSAL_TIME_LIMIT``),
+    until the last fit before the budget is refused; a plan outside a fit keeps it."""
     from remat_pass.runtime import dynamo_backend
 
     seen: list[bool] = []
@@ -308,8 +308,31 @@ def test_the_fits_candidates_are_refused_without_the_longer_search(monkeypatch):
     backend = remat_pass.backend(budget="1MB", inner="inductor", chunk_loss=False)
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed):
         run_step(model, torch.compile(model, backend=backend), inputs, loss_fn)
-    assert seen == [False, False]  # the fit priced fused, then unfused
+    assert seen == [False, False, True]  # the fit priced fused, then unfused, then fused searching longer
     assert backend._options_now().search_before_refusing
+
+
+def test_a_budget_the_fits_short_searches_refuse_is_fitted_searching_longer(monkeypatch):
+    """The fit plans each candidate with the short search alone, and which budgets that search
+    answers depends on the machine's load (a refusal where torch fits, beside a CI run). Made to
+    refuse every such budget here, the backend fits once more with the longer search before each
+    refusal, and that fit's plan runs, measured within the budget, instead of a refusal."""
+    from remat_pass.runtime import dynamo_backend
+
+    plan = dynamo_backend.plan_joint_graph
+
+    def loaded(joint, options):
+        if not options.search_before_refusing:
+            raise BudgetInfeasibleError(options.budget.nbytes or 10**7, 10**7, 2 * 10**7, kind="peak")
+        return plan(joint, options)
+
+    monkeypatch.setattr(dynamo_backend, "plan_joint_graph", loaded)
+    model, inputs, loss_fn = make_case("mlp")
+    expected = run_step(copy.deepcopy(model), copy.deepcopy(model), inputs, loss_fn)
+    backend = remat_pass.backend(budget="10MB", budget_kind="peak", inner="inductor", chunk_loss=False)
+    actual = run_step(model, torch.compile(model, backend=backend), inputs, loss_fn)
+    assert len(backend.plans) == 1 and backend.plans[0].budget_bytes == 10**7
+    assert torch.allclose(actual.loss, expected.loss)
 
 
 def test_a_compile_that_fails_inside_inductor_is_named_as_inductors_not_as_a_remat_pass_bug():
