@@ -96,6 +96,33 @@ def test_a_graph_without_a_backend_id_is_not_touched():
     assert _held() == "a candidate"
 
 
+def _saved_as_by_a_restarted_job(monkeypatch) -> None:
+    """Save torch's precompile artifacts and reset Dynamo, as a job restarts; from here on the
+    backend fails if it is called (a restarted step must run what precompile installs)."""
+    torch.compiler.save_cache_artifacts()
+    torch._dynamo.reset()
+
+    def not_called(self, gm, example_inputs):
+        raise AssertionError("the restarted step called the backend: precompile did not answer it")
+
+    monkeypatch.setattr(dynamo_backend.RematBackend, "__call__", not_called)
+
+
+def _forget_installed_steps(model: torch.nn.Module) -> None:
+    """What precompile installs lives on the code objects and outlasts ``torch._dynamo.reset()``: left
+    there, every later compile of this model class in the process would run it (a later test's
+    eager-inner step ran an Inductor program installed so, with Inductor's dropout masks)."""
+    for code in {type(module).forward.__code__ for module in model.modules()}:
+        torch._C._dynamo.eval_frame._reset_precompile_entries(code)
+
+
+def _assert_the_same_step(again, first) -> None:
+    """The restarted step is the first process's program: its saved bytes, loss and gradients, bit for bit."""
+    assert again.saved_bytes == first.saved_bytes
+    assert torch.equal(again.loss, first.loss)
+    assert all(torch.equal(again.grads[name], grad) for name, grad in first.grads.items())
+
+
 @pytest.mark.slow
 def test_a_restarted_process_runs_the_fits_choice_without_the_backend(tmp_path, monkeypatch, precompile):
     """End to end, in one process (``torch._dynamo.reset()`` in between): the fit compiles one more
@@ -120,27 +147,15 @@ def test_a_restarted_process_runs_the_fits_choice_without_the_backend(tmp_path, 
     first = run_step(fitted, compiled, inputs, loss_fn)
     assert len(backend.plans) == 1
     assert last_compiled[0].kept_bytes > backend.plans[0].kept_bytes, "the last compile should keep more"
-    torch.compiler.save_cache_artifacts()
-    torch._dynamo.reset()
-
-    def not_called(self, gm, example_inputs):
-        raise AssertionError("the restarted step called the backend: precompile did not answer it")
-
-    monkeypatch.setattr(dynamo_backend.RematBackend, "__call__", not_called)
+    _saved_as_by_a_restarted_job(monkeypatch)
     restarted = copy.deepcopy(model)
     compiled = torch.compile(restarted, backend=remat_pass.backend(budget=160_000, budget_kind="peak"))
     try:
         run_step(restarted, compiled, inputs, loss_fn)
         again = run_step(restarted, compiled, inputs, loss_fn)
     finally:
-        # What precompile installs lives on the code objects and outlasts torch._dynamo.reset(): left
-        # there, every later compile of this model class in the process would run it (a later test's
-        # eager-inner step ran this Inductor program, with Inductor's dropout masks).
-        for code in {type(module).forward.__code__ for module in model.modules()}:
-            torch._C._dynamo.eval_frame._reset_precompile_entries(code)
-    assert again.saved_bytes == first.saved_bytes
-    assert torch.equal(again.loss, first.loss)
-    assert all(torch.equal(again.grads[name], grad) for name, grad in first.grads.items())
+        _forget_installed_steps(model)
+    _assert_the_same_step(again, first)
 
 
 def _restarted(model, budget):
@@ -186,21 +201,12 @@ def test_a_restarted_eager_step_runs_without_the_backend(tmp_path, monkeypatch, 
     optimized = remat_pass.optimize(first_model, budget=0.3, plan_cache=tmp_path / "plans")
     run_step(first_model, optimized, inputs, loss_fn)
     first = run_step(first_model, optimized, inputs, loss_fn)
-    torch.compiler.save_cache_artifacts()
-    torch._dynamo.reset()
-
-    def not_called(self, gm, example_inputs):
-        raise AssertionError("the restarted step called the backend: precompile did not answer it")
-
-    monkeypatch.setattr(dynamo_backend.RematBackend, "__call__", not_called)
+    _saved_as_by_a_restarted_job(monkeypatch)
     restarted_model = copy.deepcopy(model)
     restarted = remat_pass.optimize(restarted_model, budget=0.3, plan_cache=tmp_path / "plans")
     try:
         again = run_step(restarted_model, restarted, inputs, loss_fn)
     finally:
-        for code in {type(module).forward.__code__ for module in model.modules()}:
-            torch._C._dynamo.eval_frame._reset_precompile_entries(code)
-    assert again.saved_bytes == first.saved_bytes
-    assert torch.equal(again.loss, first.loss)
-    assert all(torch.equal(again.grads[name], grad) for name, grad in first.grads.items())
+        _forget_installed_steps(model)
+    _assert_the_same_step(again, first)
     assert restarted.plan is not None and plan_identity(restarted.plan) == plan_identity(optimized.plan)

@@ -120,9 +120,6 @@ _RULES: tuple[_Rule, ...] = (
         "a custom op has no fake (meta) implementation, so its output shape is unknown while tracing: register "
         "one with `torch.library.register_fake`.",
     ),
-)
-
-_RULES += (
     _Rule(
         CaptureCause.PRECOMPILE,
         re.compile(r"saved into torch\.compile\(\) package|guards_state must not be None|guard cannot be serialized"),
