@@ -143,6 +143,15 @@ def test_a_budget_the_unfused_model_refuses_is_kept_when_the_fused_program_fits(
     assert "the planner refused 1000000 bytes (its lowest simulated peak: 1200000)" in caplog.text
 
 
+def test_the_last_tries_refusal_of_the_users_budget_ends_it():
+    """The backend's last try before a refusal plans the user's budget searching at length; refused
+    there, it compiles nothing more (each further candidate was compiled by the fits before it)."""
+    compiler = Compiler(lambda asked: int(asked * 0.7), floor=1_200_000)
+    with pytest.raises(BudgetInfeasibleError):
+        fit_peak(compiler, (), measure=compiler.measure, first_refusal_ends=True)
+    assert compiler.asked == [None]
+
+
 def test_no_candidate_within_the_budget_is_a_refusal_with_the_lowest_measured_peak(caplog):
     """Every plan measures twice its budget and none can be made below 900 kB: the search brackets
     (1 MB over; 500, 750, 875 kB refused; 937.5 and 906.25 kB over) and refuses with the lowest
@@ -315,8 +324,8 @@ def test_the_fits_candidates_are_refused_without_the_longer_search(monkeypatch):
 def test_a_budget_the_fits_short_searches_refuse_is_fitted_searching_longer(monkeypatch):
     """The fit plans each candidate with the short search alone, and which budgets that search
     answers depends on the machine's load (a refusal where torch fits, beside a CI run). Made to
-    refuse every such budget here, the backend fits once more with the longer search before each
-    refusal, and that fit's plan runs, measured within the budget, instead of a refusal."""
+    refuse every such budget here, the backend fits once more, its first plan searched at length,
+    and that fit's plan runs, measured within the budget, instead of a refusal."""
     from remat_pass.runtime import dynamo_backend
 
     plan = dynamo_backend.plan_joint_graph

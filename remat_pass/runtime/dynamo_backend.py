@@ -197,8 +197,8 @@ class RematBackend:
         asked = getattr(self._fitting, "asked", None)
         if getattr(self._fitting, "seen", None) is None:
             return options
-        fitted = replace(options, on_infeasible=OnInfeasible.RAISE,
-                         search_before_refusing=getattr(self._choosing, "search_longer", False))
+        longer = getattr(self._choosing, "search_longer", False) and asked is None  # the last try's first plan
+        fitted = replace(options, on_infeasible=OnInfeasible.RAISE, search_before_refusing=longer)
         # A re-asked candidate's refusal only moves the fit's bracket: its minimum is not probed.
         return fitted if asked is None else replace(fitted, budget=Budget(nbytes=asked), budget_kind=BudgetKind.PEAK,
                                                     probe_minimum=False)
@@ -367,11 +367,10 @@ class RematBackend:
 
     def _fit_searching_longer(self, gm: fx.GraphModule, example_inputs: list[Any],
                               refused: solvers.BudgetInfeasibleError, *, clamp: bool) -> Any:
-        """The last try before refusing a budget with Inductor alone: the fit again, its planner
-        searching on before each refusal (``effort.REFUSAL_TIME_LIMIT``) as it does outside the fit.
-        The fit's planning refuses after its short search, and which budgets that search answers
-        depends on the machine's load: a 4-layer HF GPT-2 at checkpointing's compiled peak was refused
-        beside a CI run and fitted on a quiet machine (benchmarks/results/h256_ckpt_fit_runs/)."""
+        """The last try before refusing a budget with Inductor alone: the fit again, its first plan (at
+        the user's budget) searched on before a refusal (``effort.REFUSAL_TIME_LIMIT``), as outside the
+        fit; refused there, it ends. The short search's answers depend on the machine's load
+        (benchmarks/results/h256_ckpt_fit_runs/: refused beside a CI run, fitted when quiet)."""
         logger.info("no candidate fits after the fit's short searches (%s); fitting again, the planner searching "
                     "longer before each refusal", refused)
         self._choosing.search_longer = True
@@ -410,7 +409,8 @@ class RematBackend:
         chosen = (refit(compile_at, example_inputs, before, answered_by_caches=lambda: self._fitting.answered)
                   if isinstance(before, FitOutcome) else None)
         if chosen is None:
-            chosen = fit_peak(compile_at, example_inputs, clamp=clamp)
+            chosen = fit_peak(compile_at, example_inputs, clamp=clamp,
+                              first_refusal_ends=getattr(self._choosing, "search_longer", False))
             target = chosen.plan.budget_bytes
             if cache is not None and key is not None and target is not None and chosen.measured_bytes <= target:
                 cache.put_compiled(key, FitOutcome(target, asked_of.get(plan_identity(chosen.plan)),

@@ -146,7 +146,8 @@ when the plan made is one of the given identities."""
 
 def fit_peak(compile_at: CompileAt, inputs: Sequence[Any], *, attempts: int = ATTEMPTS,
              tolerance: float = TOLERANCE, min_gain: float = MIN_GAIN, clamp: bool = False,
-             measure: Callable[[Callable[..., Any], Sequence[Any]], int | None] = measure_step_peak) -> Candidate:
+             measure: Callable[[Callable[..., Any], Sequence[Any]], int | None] = measure_step_peak,
+             first_refusal_ends: bool = False) -> Candidate:
     """Compile and measure until a plan's compiled step peaks within ``tolerance`` under its budget;
     the cheapest candidate within the budget (least predicted recompute time, then the highest
     peak). If none fits: ``BudgetInfeasibleError`` (the lowest measured peak as its minimum), or
@@ -163,7 +164,9 @@ def fit_peak(compile_at: CompileAt, inputs: Sequence[Any], *, attempts: int = AT
     predicted peak at most, and the search goes on: such an answer compiles nothing, so it is not
     counted in ``attempts`` (compiles and refusals), but at most ``2 * attempts`` answers are taken.
     The search also stops once no candidate left in the bracket could save ``min_gain`` of the
-    step's predicted time over the cheapest one within the budget (``_gain_left``)."""
+    step's predicted time over the cheapest one within the budget (``_gain_left``). With
+    ``first_refusal_ends``, a refusal of the first budget (the user's) ends it: the backend's last
+    try, whose first plan the planner searched for at length, so its refusal is the answer."""
     candidates: list[Candidate] = []
     seen: set[tuple[frozenset[int], ...]] = set()
     bracket = _Bracket()
@@ -192,6 +195,8 @@ def fit_peak(compile_at: CompileAt, inputs: Sequence[Any], *, attempts: int = AT
             logger.info("peak budget %d: the planner refused %d bytes (its lowest simulated peak: %d)", target,
                         error.budget_bytes, error.min_bytes)
             bracket.floor = max(bracket.floor, error.budget_bytes)
+            if asked is None and first_refusal_ends:
+                break
             asked = bracket.inside(error.min_bytes if asked is None else None)
             if asked is None:
                 break
