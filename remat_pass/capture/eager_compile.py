@@ -10,8 +10,9 @@ itself (``RegionalOutputCode``, as torch's regional Inductor does), so the eager
 cacheable there: our partitioner's identity is put in the cache key (``cached_compile``; carried in
 Inductor's ``custom_partitioner_fn``, whose ``uuid()`` AOTAutograd's key reads, although Inductor
 compiles nothing here), a hit is paired with its stored plan, and precompile saves the program
-returned (``capture.precompiled``). A graph the cache cannot store (an op outside ``torch.ops.aten``:
-torch's ``GraphPickler`` refuses it) is compiled as before, and a restart traces it again.
+returned (``capture.precompiled``). A graph the cache cannot store (an op outside ``STORED_OPS``:
+torch's ``GraphPickler`` refuses it, and torch logs a warning) runs as compiled, and a restart traces
+it again.
 """
 
 from __future__ import annotations
