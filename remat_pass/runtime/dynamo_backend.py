@@ -371,8 +371,8 @@ class RematBackend:
         the user's budget) searched on before a refusal (``effort.REFUSAL_TIME_LIMIT``), as outside the
         fit; refused there, it ends. The short search's answers depend on the machine's load
         (benchmarks/results/h256_ckpt_fit_runs/: refused beside a CI run, fitted when quiet)."""
-        logger.info("no candidate fits after the fit's short searches (%s); fitting again, the planner searching "
-                    "longer before each refusal", refused)
+        logger.info("no candidate fits after the fit's short searches (%s); fitting again, the budget itself "
+                    "planned with the longer search", refused)
         self._choosing.search_longer = True
         try:
             return self._fit(gm, example_inputs, self._compile, clamp=clamp, variant="whole, searched longer")
