@@ -67,8 +67,6 @@ def compile_eager(gm: fx.GraphModule, example_inputs: list[Any], partition: Part
     cacheable by AOTAutograd's cache, and saved by precompile, where torch bundles graphs and
     ``plans`` gives the compile an identity (see the module)."""
     storable = storable_graph_compiler(_boxed, STORED_OPS, STORED_METADATA) if aot_cache_bundles_graphs() else None
-    if storable is None:
-        return _aot_eager(partition, _boxed_eager)(gm, example_inputs)
 
     def compile_as(identity: str | None) -> Any:
         if identity is None:  # no identity, no cache: a compile under other settings could answer it
@@ -78,7 +76,8 @@ def compile_eager(gm: fx.GraphModule, example_inputs: list[Any], partition: Part
         with inductor_config.patch(custom_partitioner_fn=InductorPartitioner(partition, identity)):
             return _aot_eager(partition, storable)(gm, example_inputs)
 
-    graph = graph_digest(gm, example_inputs, "eager") if needs_backward(example_inputs) else None
+    cacheable = storable is not None and needs_backward(example_inputs)
+    graph = graph_digest(gm, example_inputs, "eager") if cacheable else None
     compiled = compile_cached(graph, compiling, plans, compile_as)
     note_candidate(compiled)
     return compiled

@@ -5,16 +5,18 @@ torch's experimental precompile (``TORCH_CACHING_PRECOMPILE=1``, then
 AOTAutograd cache entry last recorded under the graph's backend id (``gm._backend_id``); a
 restarted process installs them and runs the step without tracing or calling the backend
 (a 2-layer GPT's first step: 0.01 s against 1.7-2.2 s traced with the eager inner compiler and 28-32 s
-compiled by Inductor: ``benchmarks/results/precompile_restart/probe_optimize_inners.txt``). Only Inductor's compiles record an entry.
+compiled by Inductor: ``benchmarks/results/precompile_restart/probe_optimize_inners.txt``, before the eager
+compiler's graphs could be saved). Inductor's compiles record an entry, and the eager compiler's where a
+plan cache gives them an identity (``capture.eager_compile``).
 
 Our backend may compile several Inductor candidates for one graph (the peak fit in
 ``runtime.inductor_fit``, the loss whole or chunked) and return any of them, or fall back to
 ``inner="eager"``. Each candidate records its entry in turn, so the saved one would be the last
 compiled, not the one chosen, and a restart could run a plan measured over the budget.
 ``program_stored_as_returned`` wraps one call of the backend: ``note_candidate`` remembers the
-entry each Inductor compile recorded, and when the backend returns, the returned program's entry
-is recorded again; where it has none (eager), the graph is withdrawn from precompile, so a restart
-traces it again instead of running another candidate.
+entry each compile recorded, and when the backend returns, the returned program's entry is
+recorded again; where it has none (an eager compile without an identity), the graph is withdrawn
+from precompile, so a restart traces it again instead of running another candidate.
 
 torch keys the saved step by the function's name and first line alone (``CompilePackage.source_id_from_fn``),
 not by the backend or its settings: a restarted job given another budget would run the step planned
@@ -94,7 +96,7 @@ def _warn_keyed_by_function_once() -> None:
 
 
 def note_candidate(compiled: Any) -> None:
-    """Called after each Inductor compile inside the backend: remembers the entry it recorded."""
+    """Called after each compile inside the backend (Inductor's or the eager one): remembers the entry it recorded."""
     candidates = _CURRENT.get()
     if candidates is not None:
         candidates.note(compiled)

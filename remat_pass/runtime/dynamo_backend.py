@@ -48,7 +48,7 @@ from remat_pass.solvers.problem import Plan
 from ..planning.budget import Budget, parse_budget
 from ..annotate.attribution import module_path
 from ..capture.capture import INNER_COMPILERS, JointGraph, make_dynamo_backend
-from ..capture.inductor_compile import graph_digest
+from ..capture.cached_compile import graph_digest
 from ..capture.precompiled import program_stored_as_returned
 from ..capture.loss_chunking import (ChunkLoss, LossGradients, as_chunk_loss, chunk_for_budget, chunkable,
                                      chunking_extra_flops, would_split)
@@ -229,8 +229,8 @@ class RematBackend:
         self._fitting.made.append(plan)
 
     def compiled_identity(self, graph: str) -> str | None:
-        """The identity Inductor's caches keep a compile of the graph ``graph`` under
-        (``capture.inductor_compile``): the graph and every planning input in force now (a
+        """The identity torch's caches keep a compile of the graph ``graph`` under
+        (``capture.cached_compile``): the graph and every planning input in force now (a
         fitting attempt's budget included); None, so never answered by a cache, without a plan
         cache to keep its plan beside it."""
         if self.options.plan_cache is None:
@@ -247,7 +247,7 @@ class RematBackend:
         return renewed
 
     def reuse_compiled(self, identity: str) -> bool:
-        """Inductor's caches answered a compile without planning: its stored plan is this compile's."""
+        """torch's caches answered a compile without planning: its stored plan is this compile's."""
         plan = None if self.options.plan_cache is None else self.options.plan_cache.get_compiled(identity)
         if isinstance(plan, Unplanned):
             return True

@@ -42,7 +42,7 @@ which says what that key cannot see); those results are pickled under ``traced/`
 an unpickler that builds remat_pass's records only (``get_traced``, ``put_traced``).
 
 Under Inductor a compile is also cached by Inductor's own caches, keyed by the graph and every
-planning input (``compiled_key``; ``capture.inductor_compile``); on their hit nothing is traced or
+planning input (``compiled_key``; ``capture.cached_compile``); on their hit nothing is traced or
 planned, so what the compile's planning produced is stored under ``compiled/`` by that key: its
 ``Plan`` (with its problem), its refusal (``Refusal``), that it had nothing to plan
 (``Unplanned``), where a peak budget's fit ended (``inductor_fit.FitOutcome``), or the new identity
@@ -163,8 +163,8 @@ def code_digest() -> str:
 
 
 def compiled_key(graph: str, options: Any) -> str:
-    """The identity of compiling a graph (``inductor_compile.graph_digest``) under ``options``:
-    what Inductor's caches key that compile by, and what its plan is stored under."""
+    """The identity of compiling a graph (``cached_compile.graph_digest``) under ``options``:
+    what torch's caches key that compile by, and what its plan is stored under."""
     record = {"graph": graph, "options": _planning_inputs(options)}
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()
 
@@ -209,10 +209,10 @@ class Unplanned:
 
 @dataclasses.dataclass(frozen=True)
 class Renewed:
-    """Inductor's caches hold a program under a compile's identity whose plan this cache lost (it was
+    """torch's caches hold a program under a compile's identity whose plan this cache lost (it was
     emptied or moved, Inductor's was not), and a plan made again may differ from that program's (the
     searches are time-limited): the compile was made again under ``identity``, a new one, and later
-    compiles of it use that (``capture.inductor_compile``)."""
+    compiles of it use that (``capture.cached_compile``)."""
 
     identity: str
 
@@ -250,7 +250,7 @@ class PlanCache:
 
     @property
     def compiled_directory(self) -> Path:
-        """Where the plans of compiles Inductor's caches may answer are stored (``inductor_compile``)."""
+        """Where the plans of compiles torch's caches may answer are stored (``cached_compile``)."""
         return self.directory / "compiled"
 
     def get_traced(self, key: str) -> Any | None:
