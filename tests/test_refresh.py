@@ -19,7 +19,8 @@ from remat_pass.rewrite.simulate import simulate
 from remat_pass.solvers.analysis.memory import simulate_plan
 from remat_pass.solvers.analysis.lifetimes import materializations
 from remat_pass.solvers.problem import BackwardStep, Plan, Problem, Value
-from remat_pass.solvers.peak.multiple_recompute import refresh_to_fit, refreshable_storages
+from remat_pass.solvers.errors import BudgetInfeasibleError
+from remat_pass.solvers.peak.multiple_recompute import refresh_lowest, refresh_to_fit, refreshable_storages
 
 from .helpers import assert_same_step, eager_reference, run_step
 from .models import GPTWithLoss
@@ -57,6 +58,26 @@ def test_refresh_to_fit_refreshes_only_what_lowers_the_peak():
     assert plan.refreshed == {1} and memory.peak_bytes == 16
     assert refresh_to_fit(problem, held, 15) is None  # the working set alone needs 16
     assert refresh_to_fit(problem, held, 24)[0] is held  # fits already: nothing to refresh
+
+
+def test_refresh_lowest_takes_a_plan_as_low_as_refreshing_goes():
+    problem = _chain()
+    held = Plan(problem, frozenset(), frozenset({1, 2}), "manual")
+    plan, memory = refresh_lowest(problem, held)
+    assert plan.refreshed == {1} and memory.peak_bytes == 16 == simulate_plan(problem, plan).peak_bytes
+    assert refresh_lowest(problem, plan)[0] is plan  # nothing lowers it further
+
+
+def test_a_refused_peak_budget_states_the_lowest_peak_refreshing_reaches():
+    """A refusal's minimum comes from plans every refusal of the problem finds again (the probe): the
+    saved-bytes caps minimise recompute, not the peak, so their lowest-peak plans are refreshed too.
+    Here the caps' lowest peak is 24 bytes (``a`` held beside step 2's working set; the probe stated 24
+    before), refreshed 16: the working set alone. The stated minimum works when tried."""
+    with pytest.raises(BudgetInfeasibleError) as raised:
+        solvers.solve(_chain(), 10, solver="ilp_peak", time_limit=1, prove=False)
+    assert raised.value.min_bytes == 16
+    plan = solvers.solve(_chain(), raised.value.min_bytes, solver="ilp_peak", time_limit=1, prove=False)
+    assert plan.predicted_peak_bytes <= 16
 
 
 def test_invalid_refreshes_are_rejected():

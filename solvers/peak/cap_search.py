@@ -5,7 +5,8 @@ recompute that keeps at most the cap. Its plan's simulated peak is what the budg
 search looks for the largest cap whose plan fits (secant, then bisection). Each cap is solved once
 per call (a cap asked again, when the search resumes after the peak rows or runs on before a
 refusal, is answered from memory), and every plan becomes a candidate. When nothing fits, a fixed
-probe of caps (the same for every budget) gives the smallest budget an error can state honestly.
+probe of caps (the same for every budget) gives the smallest budget an error can state honestly; the
+peak planner adds plans that peak lower to it (``planner._Search._probed``).
 The probe is remembered per problem in this process (``_PROBED``): the Inductor fit refuses several
 budgets of one graph, and each probe solves up to ten caps (27 s on a 12-layer GPT-2).
 """

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Iterator
 
 from .. import clock
 from ..analysis.memory import PlanMemory, simulate_plan
@@ -54,12 +55,33 @@ def refresh_to_fit(problem: Problem, plan: Plan, budget_bytes: int, deadline: fl
     """``plan`` with refreshed storages whose simulated peak is at most ``budget_bytes``, or
     None when refreshing what is alive at the peak does not get there (or time runs out)."""
     memory = memory or simulate_plan(problem, plan)
-    storages = refreshable_storages(problem, plan)
-    for _ in range(MAX_REFRESHES):
+    if memory.peak_bytes <= budget_bytes:
+        return plan, memory
+    for plan, memory in _refreshing(problem, plan, memory, deadline):
         if memory.peak_bytes <= budget_bytes:
             return plan, memory
+    return None
+
+
+def refresh_lowest(problem: Problem, plan: Plan, deadline: float | None = None,
+                   memory: PlanMemory | None = None) -> tuple[Plan, PlanMemory]:
+    """The lowest-peak plan of the same greedy pass run without a budget (``plan`` itself where no
+    refresh lowers its peak): the smallest budget a refusal can state honestly (``solvers.peak.planner``)."""
+    lowest = (plan, memory or simulate_plan(problem, plan))
+    for found in _refreshing(problem, *lowest, deadline):
+        if found[1].peak_bytes < lowest[1].peak_bytes:
+            lowest = found
+    return lowest
+
+
+def _refreshing(problem: Problem, plan: Plan, memory: PlanMemory,
+                deadline: float | None) -> Iterator[tuple[Plan, PlanMemory]]:
+    """The pass's plans, one more storage refreshed each: the one that lowers the peak step's live
+    bytes at the least added recompute time per byte, while one does (``MAX_REFRESHES`` at most)."""
+    storages = refreshable_storages(problem, plan)
+    for _ in range(MAX_REFRESHES):
         if memory.peak_phase != "backward" or (deadline is not None and clock.now() > deadline):
-            return None
+            return
         step = memory.backward_event_steps[memory.peak_index]
         best = None
         for storage in _held_at(problem, plan, memory, storages):
@@ -72,11 +94,11 @@ def refresh_to_fit(problem: Problem, plan: Plan, budget_bytes: int, deadline: fl
             if best is None or price < best[0]:
                 best = (price, trial, trial_memory)
         if best is None:
-            return None
+            return
         _, plan, memory = best
         logger.debug("refresh: peak %d at step %d after %d refreshed values", memory.peak_bytes, step,
                      len(plan.refreshed))
-    return (plan, memory) if memory.peak_bytes <= budget_bytes else None
+        yield plan, memory
 
 
 def _held_at(problem: Problem, plan: Plan, memory: PlanMemory, storages: dict[int, frozenset[int]]) -> list[int]:
