@@ -6,6 +6,8 @@ different take on the decoder block (grouped-query attention, parallel attention
 QK-norm, learned positions, GeGLU) or the encoder. They are sized by the same four numbers so
 ``vs_checkpoint`` can run any of them: ``python -m benchmarks.vs_checkpoint --model mistral``.
 Dropout is off everywhere so that every strategy's gradients are comparable with eager's.
+``MORE_FAMILIES``: nine more (a mixture of experts, ALiBi, a shared layer, ...), each with a
+``dropout`` argument, which ``tests/test_more_families.py`` turns on.
 """
 
 from __future__ import annotations
@@ -99,3 +101,100 @@ def family_model(name: str, layers: int, hidden: int, seq: int, vocab: int, head
     if name not in FAMILIES:
         raise ValueError(f"unknown Hugging Face family {name!r}; expected one of {', '.join(FAMILIES)}")
     return FAMILIES[name](layers, hidden, seq, vocab, heads)
+
+
+# Nine more, probed on 2026-12-07 as a user would bring them (tests/test_more_families.py): mixture of
+# experts, ALiBi, a shared layer, disentangled attention, logit softcapping, multi-query attention, a
+# factorized embedding. Each takes ``dropout`` (0 by default, as above; the tests turn it on).
+
+
+def _config(config_name: str, **fields: Any) -> Any:
+    import transformers
+
+    return getattr(transformers, config_name)(**fields)
+
+
+def _mixtral(layers: int, hidden: int, seq: int, vocab: int, heads: int, dropout: float = 0.0) -> nn.Module:
+    import transformers
+
+    config = _config("MixtralConfig", vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                     num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=_gqa(heads),
+                     max_position_embeddings=seq, num_local_experts=4, num_experts_per_tok=2,
+                     attention_dropout=dropout, sliding_window=None, bos_token_id=0, eos_token_id=1, pad_token_id=None)
+    return transformers.MixtralForCausalLM(config)
+
+
+def _bloom(layers: int, hidden: int, seq: int, vocab: int, heads: int, dropout: float = 0.0) -> nn.Module:
+    import transformers
+
+    config = _config("BloomConfig", vocab_size=vocab, hidden_size=hidden, n_layer=layers, n_head=heads,
+                     hidden_dropout=dropout, attention_dropout=dropout, bos_token_id=0, eos_token_id=1, pad_token_id=2)
+    return transformers.BloomForCausalLM(config)
+
+
+def _gptj(layers: int, hidden: int, seq: int, vocab: int, heads: int, dropout: float = 0.0) -> nn.Module:
+    import transformers
+
+    config = _config("GPTJConfig", vocab_size=vocab, n_positions=seq, n_embd=hidden, n_layer=layers, n_head=heads,
+                     rotary_dim=hidden // heads // 2, n_inner=2 * hidden, embd_pdrop=dropout, resid_pdrop=dropout,
+                     attn_pdrop=dropout, bos_token_id=0, eos_token_id=1)
+    return transformers.GPTJForCausalLM(config)
+
+
+def _gpt_bigcode(layers: int, hidden: int, seq: int, vocab: int, heads: int, dropout: float = 0.0) -> nn.Module:
+    import transformers
+
+    config = _config("GPTBigCodeConfig", vocab_size=vocab, n_positions=seq, n_embd=hidden, n_layer=layers,
+                     n_head=heads, multi_query=True, n_inner=2 * hidden, embd_pdrop=dropout, resid_pdrop=dropout,
+                     attn_pdrop=dropout, bos_token_id=0, eos_token_id=1)
+    return transformers.GPTBigCodeForCausalLM(config)
+
+
+def _encoder(config_name: str, model_name: str, **extra: Any) -> Callable[..., nn.Module]:
+    """A BERT-style masked LM whose config spells its sizes as BERT does."""
+
+    def build(layers: int, hidden: int, seq: int, vocab: int, heads: int, dropout: float = 0.0) -> nn.Module:
+        import transformers
+
+        config = _config(config_name, vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+                         num_attention_heads=heads, intermediate_size=2 * hidden, max_position_embeddings=seq,
+                         hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout, pad_token_id=0, **extra)
+        return getattr(transformers, model_name)(config)
+
+    return build
+
+
+def _distilbert(layers: int, hidden: int, seq: int, vocab: int, heads: int, dropout: float = 0.0) -> nn.Module:
+    import transformers
+
+    config = _config("DistilBertConfig", vocab_size=vocab, dim=hidden, n_layers=layers, n_heads=heads,
+                     hidden_dim=2 * hidden, max_position_embeddings=seq, dropout=dropout, attention_dropout=dropout,
+                     pad_token_id=0)
+    return transformers.DistilBertForMaskedLM(config)
+
+
+def _gemma2(layers: int, hidden: int, seq: int, vocab: int, heads: int, dropout: float = 0.0) -> nn.Module:
+    import transformers
+
+    config = _config("Gemma2Config", vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                     num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=_gqa(heads),
+                     head_dim=hidden // heads, max_position_embeddings=seq, attention_dropout=dropout,
+                     final_logit_softcapping=30.0, attn_logit_softcapping=50.0, sliding_window=max(seq // 2, 1),
+                     query_pre_attn_scalar=hidden // heads, bos_token_id=0, eos_token_id=1, pad_token_id=None)
+    config._attn_implementation = "eager"  # softcapping runs in the eager attention only
+    return transformers.Gemma2ForCausalLM(config)
+
+
+# name -> builder(layers, hidden, seq, vocab, heads, dropout=0.0)
+MORE_FAMILIES: dict[str, Callable[..., nn.Module]] = {
+    "mixtral": _mixtral,  # mixture of experts: top-2 routing among 4
+    "bloom": _bloom,  # ALiBi, no position embeddings
+    "gptj": _gptj,  # parallel block, partial rotary
+    "gpt_bigcode": _gpt_bigcode,  # multi-query attention
+    "albert": _encoder("AlbertConfig", "AlbertForMaskedLM", embedding_size=16),  # one layer's weights shared
+    "distilbert": _distilbert,
+    "deberta_v2": _encoder("DebertaV2Config", "DebertaV2ForMaskedLM", relative_attention=True,
+                           pos_att_type=["p2c", "c2p"], position_buckets=8, max_relative_positions=-1),
+    "gemma2": _gemma2,  # attention and final logit softcapping, sliding window
+    "electra": _encoder("ElectraConfig", "ElectraForMaskedLM", embedding_size=16),  # factorized embedding
+}
