@@ -47,11 +47,11 @@ from .models import LossOf, hf_model
 from .scaling import first_call_model, gpt_problem, parser as scaling_parser, trace_timed
 
 
-def _peak(problem: solvers.Problem, solver: str) -> int:
+def baseline_peak(problem: solvers.Problem, solver: str) -> int:
     return solvers.simulate_plan(problem, solvers.solve(problem, None, solver=solver)).peak_bytes
 
 
-def _hf_problem(name: str, layers: int, hidden: int, seq: int, batch: int) -> solvers.Problem:
+def hf_problem(name: str, layers: int, hidden: int, seq: int, batch: int) -> solvers.Problem:
     with torch.device("meta"):
         model = LossOf(hf_model(name, layers, hidden, seq, 8192, heads=hidden // 64),
                        torch.zeros(batch, seq, dtype=torch.long)).train()
@@ -68,10 +68,10 @@ def problems() -> list[tuple[str, solvers.Problem, int]]:
     args = scaling_parser().parse_args([])
     for layers in (12, 48):
         problem = gpt_problem(args, layers)[0]
-        cases.append((f"scaling GPT {layers} layers, pb", problem, _peak(problem, "per_block")))
+        cases.append((f"scaling GPT {layers} layers, pb", problem, baseline_peak(problem, "per_block")))
     for name, shape in (("llama", (8, 512, 512, 1)), ("bert", (6, 512, 512, 2)), ("gpt2", (6, 384, 256, 2))):
-        problem = _hf_problem(name, *shape)
-        per_block, keep_all = _peak(problem, "per_block"), _peak(problem, "keep_all")
+        problem = hf_problem(name, *shape)
+        per_block, keep_all = baseline_peak(problem, "per_block"), baseline_peak(problem, "keep_all")
         for label, budget in (("pb", per_block), ("mid", (per_block + keep_all) // 2), ("0.85 pb", int(0.85 * per_block))):
             cases.append((f"HF {name} {shape[0]} layers h{shape[1]}, {label}", problem, budget))
     return cases

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import time
 
-from benchmarks.planning_time import _hf_problem, _peak
+from benchmarks.planning_time import baseline_peak, hf_problem
 from remat_pass import solvers
 from remat_pass.planning.effort import FAST_TIME_LIMIT, effort_options
 
 for name, shape in (("llama", (8, 512, 512, 1)), ("gpt2", (6, 384, 256, 2))):
-    problem = _hf_problem(name, *shape)
-    per_block = _peak(problem, "per_block")
+    problem = hf_problem(name, *shape)
+    per_block = baseline_peak(problem, "per_block")
     options = effort_options("ilp_peak", FAST_TIME_LIMIT, False)
     began = time.perf_counter()
     try:
