@@ -66,9 +66,9 @@ def main(argv: list[str] | None = None) -> None:
         logging.getLogger(name).addHandler(handler)
     report_inductor_estimates()
     if args.min_gain is not None:
-        from remat_pass.runtime import dynamo_backend, inductor_fit
+        from remat_pass.runtime import inductor_fit, peak_fitting
 
-        dynamo_backend.fit_peak = functools.partial(inductor_fit.fit_peak, min_gain=args.min_gain)
+        peak_fitting.fit_peak = functools.partial(inductor_fit.fit_peak, min_gain=args.min_gain)
     from .planning_time import first_step
 
     first_step("remat", plan_cache=False)

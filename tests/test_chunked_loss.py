@@ -428,7 +428,7 @@ def test_the_inductor_fit_chunks_a_loss_it_cannot_fit_whole(monkeypatch) -> None
     candidates do not fit, the loss is fitted chunked; when that fails too (made to, here: no
     Inductor compile runs) the eager fallback chooses by the rule, and chunks: the step measures
     within the budget with eager's gradients."""
-    from remat_pass.runtime import dynamo_backend
+    from remat_pass.runtime import peak_fitting
 
     fits, budgets = [], []
 
@@ -437,7 +437,7 @@ def test_the_inductor_fit_chunks_a_loss_it_cannot_fit_whole(monkeypatch) -> None
         budget = budgets[0]
         raise BudgetInfeasibleError(budget, 2 * budget, 4 * budget, kind="peak")
 
-    monkeypatch.setattr(dynamo_backend, "fit_peak", refuse)
+    monkeypatch.setattr(peak_fitting, "fit_peak", refuse)
     _fit_under(0.6, budgets.append)
     assert len(fits) == 3  # the whole loss priced fused, then priced unfused, then the loss chunked
 

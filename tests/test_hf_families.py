@@ -148,7 +148,7 @@ def test_family_under_the_backend_on_inductor_at_checkpointings_compiled_peak(na
 
     backend = remat_pass.backend(budget=budget, budget_kind="peak")
     assert backend.inner == "inductor" and backend.fits_compiled_peak
-    with caplog.at_level(logging.WARNING, logger="remat_pass.runtime.dynamo_backend"):
+    with caplog.at_level(logging.WARNING, logger="remat_pass.runtime.peak_fitting"):
         fitted = _compiled_step_peak(torch.compile(model, backend=backend), model, tokens)
     fell_back = any("with inner='eager'" in record.getMessage() for record in caplog.records)
     assert not fell_back, f"{name} fell back to eager: no plan compiled by Inductor measured within the budget"

@@ -22,7 +22,7 @@ import remat_pass
 from remat_pass.capture.cached_compile import graph_digest
 from remat_pass.capture.inductor_compile import InductorPartitioner
 from remat_pass.planning.budget import parse_budget
-from remat_pass.runtime import dynamo_backend
+from remat_pass.runtime import dynamo_backend, peak_fitting
 from remat_pass.runtime.inductor_fit import plan_identity
 
 from .helpers import run_step
@@ -170,7 +170,7 @@ def test_a_fitted_peak_budget_is_fitted_again_from_the_caches(tmp_path, monkeypa
     assert [plan_identity(p) for p in second.plans] == [plan_identity(p) for p in first.plans]
     assert all(torch.equal(actual.grads[name], grad) for name, grad in expected.grads.items())
 
-    monkeypatch.setattr(dynamo_backend, "refit", lambda *args, **kwargs: None)  # as if it measured over the budget now
+    monkeypatch.setattr(peak_fitting, "refit", lambda *args, **kwargs: None)  # as if it measured over the budget now
     third, _ = _compiled_step(copy.deepcopy(model), inputs, loss_fn, budget=budget, budget_kind="peak",
                               plan_cache=tmp_path)
     assert len(planned) == made and counters["aot_autograd"]["autograd_cache_hit"] > hits + 2

@@ -254,17 +254,17 @@ def test_inductor_under_a_peak_budget_measures_within_it_with_inductors_gradient
 def test_a_budget_inductor_cannot_be_fitted_to_runs_eager_when_inductor_was_only_the_default(monkeypatch, caplog):
     """The fitting fails (made to, here: no Inductor compile runs); the default backend then plans
     and runs the graph eager, the step equal to eager's bit for bit; asked for by name, it refuses."""
-    from remat_pass.runtime import dynamo_backend
+    from remat_pass.runtime import peak_fitting
 
     def refuse(compile_at, inputs, **options):
         raise BudgetInfeasibleError(10**6, 2 * 10**6, 3 * 10**6, kind="peak")
 
-    monkeypatch.setattr(dynamo_backend, "fit_peak", refuse)
+    monkeypatch.setattr(peak_fitting, "fit_peak", refuse)
     model, inputs, loss_fn = make_case("mlp")
     expected = run_step(copy.deepcopy(model), copy.deepcopy(model), inputs, loss_fn)
     backend = remat_pass.backend(budget="10MB")
     assert backend.inner == "inductor" and backend.fits_compiled_peak
-    with caplog.at_level(logging.WARNING, logger="remat_pass.runtime.dynamo_backend"):
+    with caplog.at_level(logging.WARNING, logger="remat_pass.runtime.peak_fitting"):
         actual = run_step(model, torch.compile(model, backend=backend), inputs, loss_fn)
     assert torch.equal(actual.loss, expected.loss)
     assert all(torch.equal(actual.grads[name], grad) for name, grad in expected.grads.items())
@@ -280,7 +280,7 @@ def test_where_no_plan_priced_for_the_fused_program_fits_plans_priced_unfused_ar
     """The first fit plans with recomputes priced fused into their readers; where it refuses, a
     second fit plans with every recompute priced as a kernel of its own; a refusal of both names
     the lower of their lowest measured peaks."""
-    from remat_pass.runtime import dynamo_backend
+    from remat_pass.runtime import peak_fitting
 
     priced_fused: list[bool] = []
 
@@ -289,7 +289,7 @@ def test_where_no_plan_priced_for_the_fused_program_fits_plans_priced_unfused_ar
         lowest = 2 * 10**6 if len(priced_fused) == 1 else 15 * 10**5
         raise BudgetInfeasibleError(10**6, lowest, 3 * 10**6, kind="peak")
 
-    monkeypatch.setattr(dynamo_backend, "fit_peak", refuse)
+    monkeypatch.setattr(peak_fitting, "fit_peak", refuse)
     model, inputs, loss_fn = make_case("mlp")
     backend = remat_pass.backend(budget="1MB", inner="inductor", chunk_loss=False)
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="1500000 bytes"):
@@ -302,7 +302,7 @@ def test_the_fits_candidates_are_refused_without_the_longer_search(monkeypatch):
     """A planner's refusal inside the fit moves the fit to another budget, so the fit's candidates
     are planned without the search that runs on before a refusal (``effort.REFUSAL_TIME_LIMIT``),
     until the last fit before the budget is refused; a plan outside a fit keeps it."""
-    from remat_pass.runtime import dynamo_backend
+    from remat_pass.runtime import peak_fitting
 
     seen: list[bool] = []
 
@@ -312,7 +312,7 @@ def test_the_fits_candidates_are_refused_without_the_longer_search(monkeypatch):
         backend._fitting.seen = None
         raise BudgetInfeasibleError(10**6, 2 * 10**6, 3 * 10**6, kind="peak")
 
-    monkeypatch.setattr(dynamo_backend, "fit_peak", record)
+    monkeypatch.setattr(peak_fitting, "fit_peak", record)
     model, inputs, loss_fn = make_case("mlp")
     backend = remat_pass.backend(budget="1MB", inner="inductor", chunk_loss=False)
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed):

@@ -18,7 +18,7 @@ from torch._dynamo.precompile_context import BackendCacheArtifact, PrecompileCon
 
 import remat_pass
 from remat_pass.capture.precompiled import note_candidate, program_stored_as_returned
-from remat_pass.runtime import dynamo_backend
+from remat_pass.runtime import dynamo_backend, peak_fitting
 from remat_pass.runtime.inductor_fit import plan_identity
 
 from .helpers import run_step
@@ -129,7 +129,7 @@ def test_a_restarted_process_runs_the_fits_choice_without_the_backend(tmp_path, 
     candidate after its choice (keep-everything, as a fit that went on past its choice would), the
     artifacts are saved, and the restarted step runs the chosen plan without calling the backend."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    fit_peak = dynamo_backend.fit_peak
+    fit_peak = peak_fitting.fit_peak
     last_compiled = []
 
     def fit_then_one_more(compile_at, inputs, **options):
@@ -137,7 +137,7 @@ def test_a_restarted_process_runs_the_fits_choice_without_the_backend(tmp_path, 
         last_compiled.append(compile_at(10 * chosen.plan.budget_bytes, set())[1])  # keeps everything
         return chosen
 
-    monkeypatch.setattr(dynamo_backend, "fit_peak", fit_then_one_more)
+    monkeypatch.setattr(peak_fitting, "fit_peak", fit_then_one_more)
     model, inputs, loss_fn = make_case("gpt")
     backend = remat_pass.backend(budget=160_000, budget_kind="peak", inner="inductor", chunk_loss=False,
                                  plan_cache=tmp_path / "plans")

@@ -19,7 +19,7 @@ from tests.helpers import run_step
 from tests.models import make_case
 
 logging.basicConfig(level=logging.WARNING, format="%(relativeCreated)8.0f ms %(name)s: %(message)s")
-for name in ("remat_pass.runtime.dynamo_backend", "remat_pass.runtime.inductor_fit"):
+for name in ("remat_pass.runtime.dynamo_backend", "remat_pass.runtime.peak_fitting", "remat_pass.runtime.inductor_fit"):
     logging.getLogger(name).setLevel(logging.INFO)
 
 model, inputs, loss_fn = make_case("gpt")
