@@ -85,6 +85,8 @@ def _refreshing(problem: Problem, plan: Plan, memory: PlanMemory,
         step = memory.backward_event_steps[memory.peak_index]
         best = None
         for storage in _held_at(problem, plan, memory, storages):
+            if deadline is not None and clock.now() > deadline:  # a deep model's step simulates many trials
+                return
             trial = dataclasses.replace(plan, refreshed=plan.refreshed | storages[storage])
             trial_memory = simulate_plan(problem, trial)
             saved = memory.step_peak(step) - trial_memory.step_peak(step)
