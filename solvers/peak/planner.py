@@ -186,14 +186,11 @@ def solve_peak(
         raise ValueError(f"cap_solver must be 'ilp', 'fast' or 'ilp_offload', got {cap_solver!r}")
     bound_share = ANY_SCHEDULE_SHARE if prove else SAVED_FLOOR_SHARE
     searches_end = ends - (FIT_SHARE + bound_share) * time_limit
-    search = _Search(problem, budget_bytes, resolve_backend(backend), searches_end, threads, cap_solver)
-    search.exact_backend = exact_backend_for(exact_backend, search.backend) if prove else search.backend  # import: 1-3 s
-    search.host_budget_bytes = host_budget_bytes
     if not 0.0 <= exact_share <= 1.0:
         raise ValueError(f"exact_share must be a fraction of the time limit in [0, 1], got {exact_share!r}")
-    if cap_solver == "ilp_offload":  # its MIP rarely closes its gap: give each cap a share, not all
-        search.cap_seconds = time_limit / 8
-    search.candidates += [Candidate(p, simulate_plan(problem, p)) for p in baselines.heuristic_plans(problem)]
+    search = _new_search(problem, budget_bytes, resolve_backend(backend), searches_end, threads, cap_solver,
+                         host_budget_bytes, time_limit, keep_all_memory, _baseline_candidates(problem))
+    search.exact_backend = exact_backend_for(exact_backend, search.backend) if prove else search.backend  # import: 1-3 s
     bound = search.run(keep_all_memory, began, time_limit, prove, rounds, exact_share, bound_share)
     fitting = [c for c in search.candidates if c.memory.peak_bytes <= budget_bytes]
     if not fitting and refusal_time_limit is not None and refusal_time_limit > time_limit:
@@ -241,6 +238,7 @@ class _Search(CapSearch):
         # About how long the untied conservative step rows take, build and solve (``with_mirrored_rows``).
         self.untied_seconds = 0.0
         self.mirrored_tried = False  # the tied solve is made once (``with_mirrored_rows``)
+        self.keep_all_memory: PlanMemory | None = None  # keep-all's simulated memory, for the probe's searches
 
     def run(self, keep_all_memory: PlanMemory, began: float, time_limit: float, prove: bool, rounds: int,
             exact_share: float, bound_share: float) -> float | None:
@@ -429,25 +427,24 @@ class _Search(CapSearch):
         refreshed = [Candidate(*refresh_lowest(self.problem, c.plan, clock.now() + LOWEST_REFRESH_SECONDS, c.memory))
                      for c in lowest if not c.plan.offloaded]
         found = probed + [c for c in refreshed if c.plan.refreshed]
+        lowest_peak = min(c.memory.peak_bytes for c in found)
+        baseline_candidates = _baseline_candidates(self.problem)
         for fraction in BELOW_FRACTIONS:
-            below = self._lowest_searched(int(min(c.memory.peak_bytes for c in found) * fraction))
-            if below is not None and below.memory.peak_bytes < min(c.memory.peak_bytes for c in found):
+            below = self._lowest_searched(int(lowest_peak * fraction), baseline_candidates)
+            if below is not None and below.memory.peak_bytes < lowest_peak:
                 found.append(below)
+                lowest_peak = below.memory.peak_bytes
         logger.info("ilp_peak: the probe's lowest peak: %d bytes for the caps and baselines, %d bytes in all",
-                    lowest[0].memory.peak_bytes, min(c.memory.peak_bytes for c in found))
+                    lowest[0].memory.peak_bytes, lowest_peak)
         return found
 
-    def _lowest_searched(self, target: int) -> Candidate | None:
+    def _lowest_searched(self, target: int, baseline_candidates: list[Candidate]) -> Candidate | None:
         """The lowest-peak plan of the peak search asked for ``target`` bytes (``BELOW_SECONDS``)."""
         began = clock.now()
-        search = _Search(self.problem, target, self.backend, began + (1 - FIT_SHARE - SAVED_FLOOR_SHARE) * BELOW_SECONDS,
-                         self.threads, self.cap_solver)
-        search.host_budget_bytes = self.host_budget_bytes
-        search.cap_seconds = None if self.cap_seconds is None else BELOW_SECONDS / 8
-        # As in solve_peak, the baselines are candidates: the local search starts from one that fits.
-        search.candidates += [Candidate(p, simulate_plan(self.problem, p)) for p in baselines.heuristic_plans(self.problem)]
-        keep_all_memory = simulate_plan(self.problem, baselines.keep_all(self.problem))
-        search.run(keep_all_memory, began, BELOW_SECONDS, False, DEFAULT_ROUNDS, 0.0, SAVED_FLOOR_SHARE)
+        search = _new_search(self.problem, target, self.backend, began + (1 - FIT_SHARE - SAVED_FLOOR_SHARE) * BELOW_SECONDS,
+                             self.threads, self.cap_solver, self.host_budget_bytes, BELOW_SECONDS, self.keep_all_memory,
+                             baseline_candidates)
+        search.run(self.keep_all_memory, began, BELOW_SECONDS, False, DEFAULT_ROUNDS, 0.0, SAVED_FLOOR_SHARE)
         return min(search.candidates, key=lambda c: (c.memory.peak_bytes, _rank(c)), default=None)
 
     def fit_cheaper(self, among: list[Candidate], deadline: float, repair_kept: bool = True) -> None:
@@ -461,6 +458,23 @@ class _Search(CapSearch):
         candidate = Candidate(plan, simulate_plan(self.problem, plan))
         self.candidates.append(candidate)
         return candidate
+
+
+def _new_search(problem: Problem, budget: int, backend: str, deadline: float, threads: int | None, cap_solver: str,
+                host_budget_bytes: int | None, time_limit: float, keep_all_memory: PlanMemory,
+                baseline_candidates: list[Candidate]) -> _Search:
+    """A search for ``budget`` until ``deadline``, the baselines its first candidates (the local search
+    starts from one that fits)."""
+    search = _Search(problem, budget, backend, deadline, threads, cap_solver)
+    search.host_budget_bytes, search.keep_all_memory = host_budget_bytes, keep_all_memory
+    if cap_solver == "ilp_offload":  # its MIP rarely closes its gap: give each cap a share, not all
+        search.cap_seconds = time_limit / 8
+    search.candidates += baseline_candidates
+    return search
+
+
+def _baseline_candidates(problem: Problem) -> list[Candidate]:
+    return [Candidate(p, simulate_plan(problem, p)) for p in baselines.heuristic_plans(problem)]
 
 
 def _finish(plan: Plan, memory: PlanMemory, status: Status, gap: float | None) -> Decision:
