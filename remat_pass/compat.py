@@ -14,6 +14,7 @@ import functools
 import inspect
 import logging
 import os
+import sys
 from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import torch
@@ -352,6 +353,38 @@ def autograd_inside_kernel() -> Iterator[None]:
 
 
 # --- profiler ---------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def quiet_profiler_switch() -> Iterator[None]:
+    """Silence what the profiler writes to the process's stderr while it starts or stops.
+
+    torch 2.13's kineto writes two "USDT: ... profiler_start / profiler_stop" lines straight to
+    file descriptor 2 each time a profiler starts and stops, whatever Python's logging says, and
+    remat_pass starts one per measured kernel (``annotate.scratch``): ~80 lines on a GPT-2's first
+    call. Only kineto's own ``KINETO_LOG_LEVEL``, read when it first starts, turns them off, and
+    setting it would change the user's own profiler runs; so the descriptor is pointed at the
+    null device around the switch only, not while the measured code runs. A user who set
+    ``KINETO_LOG_LEVEL`` sees what they asked for; where descriptor 2 cannot be duplicated
+    (no stderr), nothing is silenced.
+    """
+    if "KINETO_LOG_LEVEL" in os.environ:
+        yield
+        return
+    try:
+        saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    except OSError:
+        yield
+        return
+    if sys.stderr is not None:
+        sys.stderr.flush()  # Python's own pending text goes out before the descriptor moves
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
 
 
 def allocator_events(prof: Any, device_type: str) -> list[tuple[int, int, int]]:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
+from remat_pass.compat import quiet_profiler_switch
 from remat_pass.runtime.measure import allocator_peak, held_bytes, saved_activation_bytes
 
 CPU = torch.device("cpu")
@@ -21,6 +24,26 @@ def test_allocator_peak_hand_counted():
 
     timeline = allocator_peak(fn, CPU, survivors=lambda: kept[:1])
     assert (timeline.peak, timeline.peak_excluding, timeline.end) == (14000, 6000, 10000)
+
+
+def test_measuring_writes_nothing_of_its_own_to_stderr(monkeypatch, capfd):
+    # torch 2.13's kineto writes "USDT: ... profiler_start/stop" to descriptor 2 at every switch:
+    # two lines per measured kernel on a user's terminal. What the measured code writes still shows.
+    monkeypatch.delenv("KINETO_LOG_LEVEL", raising=False)
+    for _ in range(3):
+        allocator_peak(lambda: os.write(2, b"the measured code\n"), CPU)
+    assert capfd.readouterr().err == "the measured code\n" * 3
+
+
+def test_quiet_profiler_switch_restores_stderr_and_obeys_kineto_log_level(monkeypatch, capfd):
+    monkeypatch.delenv("KINETO_LOG_LEVEL", raising=False)
+    with quiet_profiler_switch():
+        os.write(2, b"silenced\n")
+    os.write(2, b"after\n")
+    monkeypatch.setenv("KINETO_LOG_LEVEL", "0")  # the user asked for kineto's log: nothing is silenced
+    with quiet_profiler_switch():
+        os.write(2, b"asked for\n")
+    assert capfd.readouterr().err == "after\nasked for\n"
 
 
 def test_allocator_peak_of_a_matmul_chain():

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, TypeVar
 
 import torch
 
-from ..compat import allocator_events, cuda_allocator_events
+from ..compat import allocator_events, cuda_allocator_events, quiet_profiler_switch
 
 T = TypeVar("T")
 
@@ -89,8 +89,14 @@ def _profiled(fn: Callable[[], T]) -> tuple[T, Any]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         # CPU activity is enough: allocator events of every device are reported through it.
-        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+        with quiet_profiler_switch():
+            prof.start()
+        try:
             result = fn()
+        finally:
+            with quiet_profiler_switch():
+                prof.stop()
     return result, prof
 
 
