@@ -14,10 +14,11 @@ device, the other arguments), once per process, and once per machine where the c
 store (``optimize`` and the backend: the plan cache's ``scratch`` folder, so a cached re-plan in a
 new process measures nothing again):
 
-* **measured** where the tensors are on a real device: the op runs once to warm up (one-time
-  allocations such as a library's workspace or a primitive cache are not scratch), then once
-  under ``measure.allocator_peak`` (on CUDA the caching allocator's own history, so a
-  measurement neither needs nor resets ``torch.cuda``'s peak statistics), on random inputs of
+* **measured** where the tensors are on a real device: the op runs under ``measure.allocator_peak``
+  (on CUDA the caching allocator's own history, so a measurement neither needs nor resets
+  ``torch.cuda``'s peak statistics), and where that first call shows scratch it runs again and
+  the second call counts (one-time allocations such as a library's workspace or a primitive
+  cache are not scratch; a first call that shows none leaves nothing to discount), on random inputs of
   the right shape, without autograd or autocast, the RNG state restored afterwards
   (``op_timing.isolated``); scratch = the allocator's peak during the call less the bytes of
   the outputs it returns;
@@ -31,8 +32,8 @@ input to the output's dtype, a bool mask times a float gradient, is measured: th
 scratch). Measured over every op of the benchmark models (GPT-, Llama-style transformers, a
 ResNet; CPU, fp32), only convolutions (forward and backward), batch norm backward, dropout
 (forward and backward), layer norm backward (a few KiB) and the CPU attention kernels allocated
-any (outside them, CPU ``upsample_nearest2d`` does too); an op that allocates none costs two
-short calls (the warm-up and the measured one; a ResNet's ~90 configurations take ~0.4 s).
+any (outside them, CPU ``upsample_nearest2d`` does too); an op that allocates none costs one
+short call (a ResNet's ~90 configurations took ~0.4 s with two).
 """
 
 from __future__ import annotations
@@ -233,18 +234,28 @@ def _measure_or_estimate(node: fx.Node, uncounted: tuple[bool, ...]) -> tuple[in
 
 def _measure(node: fx.Node, device: torch.device, uncounted: tuple[bool, ...]) -> int:
     """Run the op on random inputs; the allocator's peak during it, the ``uncounted`` outputs
-    left out at their allocation, less the other outputs' bytes."""
+    left out at their allocation, less the other outputs' bytes.
+
+    The first call is measured too: it allocates all a later call does plus the one-time
+    allocations (a library's workspace, a primitive cache), so when it shows no scratch there is
+    none, and most ops (a GPT-2's matmuls) take one call instead of two. Otherwise it was the
+    warm-up, and a second call is what is measured."""
     with isolated(device):
         args, kwargs = tree_map(_real, (node.args, node.kwargs))
-        node.target(*args, **kwargs)  # warm-up: one-time allocations are not the op's scratch
-        outputs: list[torch.Tensor] = []
+        first = _scratch_of_one_call(node, args, kwargs, device, uncounted)
+        return first if first == 0 else _scratch_of_one_call(node, args, kwargs, device, uncounted)
 
-        def call() -> Any:
-            result = node.target(*args, **kwargs)
-            outputs.extend(t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor))
-            return result
 
-        measured = allocator_peak(call, device, survivors=lambda: [t for t, u in zip(outputs, uncounted) if u])
+def _scratch_of_one_call(node: fx.Node, args: Any, kwargs: Any, device: torch.device,
+                         uncounted: tuple[bool, ...]) -> int:
+    outputs: list[torch.Tensor] = []
+
+    def call() -> Any:
+        result = node.target(*args, **kwargs)
+        outputs.extend(t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor))
+        return result
+
+    measured = allocator_peak(call, device, survivors=lambda: [t for t, u in zip(outputs, uncounted) if u])
     counted = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
                for t, u in zip(outputs, uncounted + (False,) * len(outputs)) if not u}
     return max(measured.peak_excluding - sum(counted.values()), 0)
@@ -263,8 +274,21 @@ def _real(a: Any) -> Any:
     extent = 1 + sum((size - 1) * step for size, step in zip(shape, stride)) if all(shape) else 0
     base = torch.zeros(extent + concrete_int(val.storage_offset()), dtype=val.dtype, device=val.device)
     if base.is_floating_point() or base.is_complex():
-        base.normal_()
+        _random_fill(base)
     return base.as_strided(shape, stride, concrete_int(val.storage_offset()))
+
+
+_RANDOM_BLOCK = 1 << 16  # elements drawn per filled tensor; the rest repeats them
+
+
+def _random_fill(flat: torch.Tensor) -> None:
+    """Fill a 1-d tensor with normal values, one block drawn and repeated: scratch does not depend
+    on the values (ops whose output does are not measured), and drawing each element of a GPT-2's
+    inputs took a third of the measurement (6 ms per 6 MB)."""
+    block = torch.randn(min(flat.numel(), _RANDOM_BLOCK), dtype=flat.dtype, device=flat.device)
+    whole = flat.numel() // max(block.numel(), 1)
+    flat[: whole * block.numel()].view(whole, block.numel()).copy_(block)
+    flat[whole * block.numel():].copy_(block[: flat.numel() - whole * block.numel()])
 
 
 def _storage_keys(node: fx.Node) -> list[StorageWeakRef | None]:
