@@ -38,6 +38,7 @@ from ..annotate.costs import CostModel, DeviceProfile, model_profile
 from .distributed import reject_wrapped_model
 from .dynamo_backend import RematBackend
 from ..errors import CaptureError, RematError
+from ..capture.frozen_objects import older_objects_frozen
 from ..capture.inputs import call_inputs, canonical, forward_signature
 from ..planning.pipeline import DEFAULT_BUDGET
 from .plan_cache import as_plan_cache
@@ -246,7 +247,7 @@ class RematModule(nn.Module):
         """Capture and plan for this call now (``plan_ahead(tokens)``, ``plan_ahead(**batch)``),
         leaving buffers and RNG state as they were. The first training call with inputs like
         these runs this plan: nothing is captured again."""
-        with untouched(self.module, (args, kwargs)), torch.enable_grad():
+        with untouched(self.module, (args, kwargs)), torch.enable_grad(), older_objects_frozen():
             self(*args, **kwargs)
         return self.plan
 

@@ -49,6 +49,7 @@ from remat_pass.solvers.problem import Plan
 from ..planning.budget import Budget, parse_budget
 from ..annotate.attribution import module_path
 from ..capture.capture import INNER_COMPILERS, JointGraph, make_dynamo_backend
+from ..capture.frozen_objects import older_objects_frozen
 from ..capture.precompiled import program_stored_as_returned
 from ..capture.loss_chunking import (ChunkLoss, LossGradients, as_chunk_loss, chunk_for_budget, chunkable,
                                      chunking_extra_flops, would_split)
@@ -278,8 +279,8 @@ class RematBackend(PeakFitting):
             self._on_plan(plan)
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
-        with phase(f"capturing and planning graph {len(self.plans) + 1}",
-                   f"captured and planned graph {len(self.plans) + 1}"), program_stored_as_returned(gm) as settle:
+        with phase(f"capturing and planning graph {len(self.plans) + 1}", f"captured and planned graph "
+                   f"{len(self.plans) + 1}"), older_objects_frozen(), program_stored_as_returned(gm) as settle:
             if self.fits_compiled_peak:
                 return settle(self._compile_fitted(gm, example_inputs))
             if not (self._chunk_when_infeasible and chunkable(gm)):
