@@ -26,6 +26,23 @@ def test_allocator_peak_hand_counted():
     assert (timeline.peak, timeline.peak_excluding, timeline.end) == (14000, 6000, 10000)
 
 
+def test_saved_bytes_leave_out_what_autograd_saved_and_freed_within_the_call():
+    # An op that runs autograd inside itself (the chunked loss's per-chunk gradients) saves
+    # tensors that are freed before the call returns: backward never holds them.
+    x = torch.randn(64, 64, requires_grad=True)
+    alive = []
+
+    def fn():
+        inner = torch.randn(64, 64, requires_grad=True)
+        y = inner.exp()  # exp saves its output
+        alive.append(y)  # kept alive, so its address is not reused by what follows
+        torch.autograd.grad(y.sum(), inner)  # frees that graph, and what it saved
+        return x.relu()  # saves its output until backward
+
+    _, nbytes = saved_activation_bytes(fn, exclude=[x])
+    assert nbytes == 64 * 64 * 4
+
+
 def test_measuring_writes_nothing_of_its_own_to_stderr(monkeypatch, capfd):
     # torch 2.13's kineto writes "USDT: ... profiler_start/stop" to descriptor 2 at every switch:
     # two lines per measured kernel on a user's terminal. What the measured code writes still shows.

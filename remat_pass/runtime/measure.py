@@ -14,6 +14,7 @@ graphs). The tests and the benchmarks both measure with this module.
 from __future__ import annotations
 
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, TypeVar
 
@@ -34,6 +35,9 @@ def saved_activation_bytes(fn: Callable[[], T], exclude: Iterable[torch.Tensor] 
 
     Each storage is counted once, at its full size (a saved view holds its whole base alive);
     storages shared with a tensor in ``exclude`` (pass parameters, buffers, inputs) count 0.
+    Only what is still saved when ``fn`` returns counts: an op that runs autograd inside itself
+    (the chunked loss computes each chunk's gradients with ``torch.autograd.grad``) saves and
+    frees tensors within the call, which backward never holds.
 
     >>> model = torch.nn.Linear(4, 4)
     >>> x = torch.randn(2, 4)
@@ -42,29 +46,40 @@ def saved_activation_bytes(fn: Callable[[], T], exclude: Iterable[torch.Tensor] 
     32
     """
     excluded = {_storage_key(t) for t in exclude if isinstance(t, torch.Tensor)}
-    sizes: dict[tuple[str, int], int] = {}
+    packs: list[tuple[weakref.ref[_Saved], tuple[str, int], int]] = []
 
-    def pack(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
+    def pack(tensor: torch.Tensor) -> _Saved:
+        saved = _Saved(tensor, tensor._version)
         key = _storage_key(tensor)
         if key not in excluded and tensor.untyped_storage().data_ptr() != 0:
-            sizes[key] = tensor.untyped_storage().nbytes()
-        return tensor, tensor._version
+            packs.append((weakref.ref(saved), key, tensor.untyped_storage().nbytes()))
+        return saved
 
-    def unpack(packed: tuple[torch.Tensor, int]) -> torch.Tensor:
+    with torch.autograd.graph.saved_tensors_hooks(pack, _Saved.unpack):
+        result = fn()
+    held = {key: nbytes for alive, key, nbytes in packs if alive() is not None}
+    return result, sum(held.values())
+
+
+class _Saved:
+    """A tensor autograd saved, its version then, and a weak reference's anchor: alive as long as
+    a graph node holds it."""
+
+    __slots__ = ("tensor", "version", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor, version: int) -> None:
+        self.tensor, self.version = tensor, version
+
+    def unpack(self) -> torch.Tensor:
         # With hooks installed autograd skips its own check that a saved tensor was not modified
         # in place before backward; do it here, so measuring never hides such a bug.
-        tensor, version = packed
-        if tensor._version != version:
+        if self.tensor._version != self.version:
             raise RuntimeError(
                 f"one of the variables needed for gradient computation has been modified by an inplace "
-                f"operation: a saved {tuple(tensor.shape)} tensor is at version {tensor._version}; "
-                f"expected version {version}"
+                f"operation: a saved {tuple(self.tensor.shape)} tensor is at version {self.tensor._version}; "
+                f"expected version {self.version}"
             )
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-        result = fn()
-    return result, sum(sizes.values())
+        return self.tensor
 
 
 @dataclass(frozen=True)
