@@ -288,7 +288,8 @@ def run_plan_calls(args: argparse.Namespace) -> list[dict[str, Any]]:
 def _timed_phases() -> dict[str, float]:
     """Wall seconds per stage of remat_pass's own part of a call (``pipeline``'s annotate,
     plan_problem, rewrite, simulate and plan_joint_graph around them; the plan cache's key
-    digest), filled in as the call runs; the rest of the call is Dynamo, AOTAutograd and the step."""
+    digest), filled in as the call runs; the rest of the call is Dynamo, AOTAutograd and the step.
+    Also the seconds Python's garbage collector ran during the call, wherever it ran ("gc")."""
     import functools
 
     from remat_pass.planning import pipeline
@@ -312,7 +313,26 @@ def _timed_phases() -> dict[str, float]:
     for name in ("annotate", "plan_problem", "rewrite", "simulate", "plan_joint_graph"):
         timed(pipeline, name)
     timed(plan_cache, "problem_digest")
+    _time_collections(spent)
     return spent
+
+
+def _time_collections(spent: dict[str, float]) -> None:
+    """Add Python's cyclic collections to ``spent``: "gc" (all) and "gc_full" (the oldest generation)."""
+    import gc
+
+    started: list[float] = []
+
+    def timed(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            seconds = time.perf_counter() - started.pop()
+            spent["gc"] += seconds
+            if info["generation"] == 2:
+                spent["gc_full"] += seconds
+
+    gc.callbacks.append(timed)
 
 
 def _ratio(part: float, whole: float) -> float | None:
