@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 import torch
 
+from remat_pass.compat import running_quietly
 from remat_pass.annotate.flops import extra_flop_formulas
 from remat_pass.runtime.measure import saved_activation_bytes
 
@@ -154,7 +155,7 @@ def executed_flops(fn: Callable[[], Any]) -> FlopCount:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        with running_quietly(profile(activities=[ProfilerActivity.CPU], record_shapes=True)) as prof:
             fn()
     total, by_op, uncounted = 0, {}, set()
     for event in prof.events():

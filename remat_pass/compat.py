@@ -387,6 +387,19 @@ def quiet_profiler_switch() -> Iterator[None]:
         os.close(null)
 
 
+@contextlib.contextmanager
+def running_quietly(prof: Any) -> Iterator[Any]:
+    """``with prof:`` for a ``torch.profiler.profile``, its start and stop silenced
+    (``quiet_profiler_switch``); what runs inside writes to stderr as usual."""
+    with quiet_profiler_switch():
+        prof.start()
+    try:
+        yield prof
+    finally:
+        with quiet_profiler_switch():
+            prof.stop()
+
+
 def allocator_events(prof: Any, device_type: str) -> list[tuple[int, int, int]]:
     """(time ns, address, signed bytes) of the allocator events ``prof`` recorded on ``device_type``.
 

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, TypeVar
 
 import torch
 
-from ..compat import allocator_events, cuda_allocator_events, quiet_profiler_switch
+from ..compat import allocator_events, cuda_allocator_events, running_quietly
 
 T = TypeVar("T")
 
@@ -104,14 +104,8 @@ def _profiled(fn: Callable[[], T]) -> tuple[T, Any]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         # CPU activity is enough: allocator events of every device are reported through it.
-        prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-        with quiet_profiler_switch():
-            prof.start()
-        try:
+        with running_quietly(profile(activities=[ProfilerActivity.CPU], profile_memory=True)) as prof:
             result = fn()
-        finally:
-            with quiet_profiler_switch():
-                prof.stop()
     return result, prof
 
 
