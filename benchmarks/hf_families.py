@@ -6,7 +6,7 @@ different take on the decoder block (grouped-query attention, parallel attention
 QK-norm, learned positions, GeGLU) or the encoder. They are sized by the same four numbers so
 ``vs_checkpoint`` can run any of them: ``python -m benchmarks.vs_checkpoint --model mistral``.
 Dropout is off everywhere so that every strategy's gradients are comparable with eager's.
-``MORE_FAMILIES``: nine more (a mixture of experts, ALiBi, a shared layer, ...), each with a
+``MORE_FAMILIES``: thirteen more (mixtures of experts, ALiBi, a shared layer, pooling, ...), each with a
 ``dropout`` argument, which ``tests/test_more_families.py`` turns on.
 """
 
@@ -185,6 +185,48 @@ def _gemma2(layers: int, hidden: int, seq: int, vocab: int, heads: int, dropout:
     return transformers.Gemma2ForCausalLM(config)
 
 
+def _qwen2_moe(layers: int, hidden: int, seq: int, vocab: int, heads: int, dropout: float = 0.0) -> nn.Module:
+    import transformers
+
+    config = _config("Qwen2MoeConfig", vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                     num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=_gqa(heads),
+                     max_position_embeddings=seq, moe_intermediate_size=hidden,
+                     shared_expert_intermediate_size=2 * hidden, num_experts=4, num_experts_per_tok=2,
+                     decoder_sparse_step=1, attention_dropout=dropout, use_sliding_window=False, bos_token_id=0,
+                     eos_token_id=1, pad_token_id=None)
+    return transformers.Qwen2MoeForCausalLM(config)
+
+
+def _gpt_neo(layers: int, hidden: int, seq: int, vocab: int, heads: int, dropout: float = 0.0) -> nn.Module:
+    import transformers
+
+    config = _config("GPTNeoConfig", vocab_size=vocab, hidden_size=hidden, num_layers=layers, num_heads=heads,
+                     intermediate_size=2 * hidden, attention_types=[[["global", "local"], max(layers // 2, 1)]],
+                     window_size=max(seq // 2, 1), max_position_embeddings=seq, embed_dropout=dropout,
+                     attention_dropout=dropout, resid_dropout=dropout, bos_token_id=0, eos_token_id=1)
+    return transformers.GPTNeoForCausalLM(config)
+
+
+def _olmo(layers: int, hidden: int, seq: int, vocab: int, heads: int, dropout: float = 0.0) -> nn.Module:
+    import transformers
+
+    config = _config("OlmoConfig", vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                     num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=_gqa(heads),
+                     max_position_embeddings=seq, attention_dropout=dropout, clip_qkv=0.5, bos_token_id=0,
+                     eos_token_id=1, pad_token_id=None)
+    return transformers.OlmoForCausalLM(config)
+
+
+def _funnel(layers: int, hidden: int, seq: int, vocab: int, heads: int, dropout: float = 0.0) -> nn.Module:
+    import transformers
+
+    config = _config("FunnelConfig", vocab_size=vocab, block_sizes=[1] * layers, block_repeats=None,
+                     num_decoder_layers=1, d_model=hidden, n_head=heads, d_head=hidden // heads, d_inner=2 * hidden,
+                     hidden_dropout=dropout, attention_dropout=dropout, activation_dropout=dropout,
+                     max_position_embeddings=seq)
+    return transformers.FunnelForMaskedLM(config)
+
+
 # name -> builder(layers, hidden, seq, vocab, heads, dropout=0.0)
 MORE_FAMILIES: dict[str, Callable[..., nn.Module]] = {
     "mixtral": _mixtral,  # mixture of experts: top-2 routing among 4
@@ -197,4 +239,8 @@ MORE_FAMILIES: dict[str, Callable[..., nn.Module]] = {
                            pos_att_type=["p2c", "c2p"], position_buckets=8, max_relative_positions=-1),
     "gemma2": _gemma2,  # attention and final logit softcapping, sliding window
     "electra": _encoder("ElectraConfig", "ElectraForMaskedLM", embedding_size=16),  # factorized embedding
+    "qwen2_moe": _qwen2_moe,  # experts beside a gated shared expert
+    "gpt_neo": _gpt_neo,  # global and local (windowed) attention alternating, head tied to the embedding
+    "olmo": _olmo,  # queries, keys and values clipped
+    "funnel": _funnel,  # the sequence pooled between blocks, upsampled by a decoder
 }

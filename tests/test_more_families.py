@@ -1,13 +1,16 @@
-"""Nine more Hugging Face families (``benchmarks.hf_families.MORE_FAMILIES``), dropout on, against eager.
+"""Thirteen more Hugging Face families (``benchmarks.hf_families.MORE_FAMILIES``), dropout on, against eager.
 
 Probed on 2026-12-07 as a user would bring them, none in view when the capture and rewrite were
 written: a mixture of experts (Mixtral), ALiBi (Bloom), a parallel block (GPT-J), multi-query
 attention (GPT-BigCode), one layer's weights shared by every layer (ALBERT), DistilBERT, disentangled
 attention (DeBERTa-v2), logit softcapping with a sliding window (Gemma-2), a factorized embedding
-(ELECTRA). 2 layers, hidden 32, dropout 0.1, the same seed before each step. Each at a tight saved-bytes
-budget and at a peak budget of 0.7 of eager's measured peak: eager's loss and gradients bit for bit,
-and the budget kept as measured: eighteen tests, about a minute here, so they run by default. Then each
-under the registered backend on Inductor against plain torch.compile (three minutes: ``-m slow``).
+(ELECTRA); then, from a second probe of fifteen more (all passed), experts beside a gated shared
+expert (Qwen2-MoE), local attention with a tied head (GPT-Neo), clipped queries, keys and values (OLMo)
+and a sequence pooled between blocks (Funnel). 2 layers, hidden 32, dropout 0.1, the same seed before
+each step. Each at a tight saved-bytes budget and at a peak budget of 0.7 of eager's measured peak:
+eager's loss and gradients bit for bit, and the budget kept as measured: twenty-six tests, about a
+minute and a half here, so they run by default. Then each under the registered backend on Inductor
+against plain torch.compile (``-m slow``).
 """
 
 from __future__ import annotations
