@@ -6,7 +6,7 @@ different take on the decoder block (grouped-query attention, parallel attention
 QK-norm, learned positions, GeGLU) or the encoder. They are sized by the same four numbers so
 ``vs_checkpoint`` can run any of them: ``python -m benchmarks.vs_checkpoint --model mistral``.
 Dropout is off everywhere so that every strategy's gradients are comparable with eager's.
-``MORE_FAMILIES``: thirteen more (mixtures of experts, ALiBi, a shared layer, pooling, ...), each with a
+``MORE_FAMILIES``: fourteen more (mixtures of experts, ALiBi, a shared layer, pooling, ...), each with a
 ``dropout`` argument, which ``tests/test_more_families.py`` turns on.
 """
 
@@ -217,6 +217,16 @@ def _olmo(layers: int, hidden: int, seq: int, vocab: int, heads: int, dropout: f
     return transformers.OlmoForCausalLM(config)
 
 
+def _olmo2(layers: int, hidden: int, seq: int, vocab: int, heads: int, dropout: float = 0.0) -> nn.Module:
+    import transformers
+
+    config = _config("Olmo2Config", vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                     num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=_gqa(heads),
+                     max_position_embeddings=seq, attention_dropout=dropout, bos_token_id=0, eos_token_id=1,
+                     pad_token_id=None)
+    return transformers.Olmo2ForCausalLM(config)
+
+
 def _funnel(layers: int, hidden: int, seq: int, vocab: int, heads: int, dropout: float = 0.0) -> nn.Module:
     import transformers
 
@@ -242,5 +252,6 @@ MORE_FAMILIES: dict[str, Callable[..., nn.Module]] = {
     "qwen2_moe": _qwen2_moe,  # experts beside a gated shared expert
     "gpt_neo": _gpt_neo,  # global and local (windowed) attention alternating, head tied to the embedding
     "olmo": _olmo,  # queries, keys and values clipped
+    "olmo2": _olmo2,  # norms after attention and MLP, queries and keys normalized whole
     "funnel": _funnel,  # the sequence pooled between blocks, upsampled by a decoder
 }
