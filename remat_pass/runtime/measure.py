@@ -31,13 +31,14 @@ def _storage_key(tensor: torch.Tensor) -> tuple[str, int]:
 
 
 def saved_activation_bytes(fn: Callable[[], T], exclude: Iterable[torch.Tensor] = ()) -> tuple[T, int]:
-    """Call ``fn`` and return its result and the bytes autograd saved for backward meanwhile.
+    """Call ``fn`` (a forward) and return its result and the bytes autograd saved for backward meanwhile.
 
     Each storage is counted once, at its full size (a saved view holds its whole base alive);
     storages shared with a tensor in ``exclude`` (pass parameters, buffers, inputs) count 0.
     Only what is still saved when ``fn`` returns counts: an op that runs autograd inside itself
     (the chunked loss computes each chunk's gradients with ``torch.autograd.grad``) saves and
-    frees tensors within the call, which backward never holds.
+    frees tensors within the call, which backward never holds. So ``fn`` must not run the
+    backward itself: what that frees is not counted either.
 
     >>> model = torch.nn.Linear(4, 4)
     >>> x = torch.randn(2, 4)
