@@ -9,8 +9,9 @@ expert (Qwen2-MoE), local attention with a tied head (GPT-Neo), clipped queries,
 norms after attention and MLP (OLMo2) and a sequence pooled between blocks (Funnel). 2 layers, hidden 32, dropout 0.1, the same seed before
 each step. Each at a tight saved-bytes budget and at a peak budget of 0.7 of eager's measured peak:
 eager's loss and gradients bit for bit, and the budget kept as measured: twenty-eight tests, about a
-minute and a half here, so they run by default. Then each under the registered backend on Inductor
-against plain torch.compile, and OLMo2 under a peak budget on Inductor (``-m slow``).
+minute and a half here, so they run by default. Then each but Funnel (whose plain Inductor compile takes
+minutes) under the registered backend on Inductor against plain torch.compile, and OLMo2 under a peak budget
+on Inductor (``-m slow``).
 """
 
 from __future__ import annotations
@@ -74,9 +75,14 @@ def test_family_keeps_a_peak_budget_as_measured(name):
 INDUCTOR_TOLERANCE = 1e-4  # where remat saves other tensors than torch's partitioner, Inductor rounds differently
 
 
+# Plain Inductor's compile of Funnel's backward sits in sympy (Inductor's CPU tiling) for minutes on this machine:
+# torch's, before remat_pass is involved (the second probe waited 330 s at h64), so it is left out here.
+INDUCTOR_TOO_SLOW = ("funnel",)
+
+
 @pytest.mark.slow
 @pytest.mark.backend_default
-@pytest.mark.parametrize("name", list(MORE_FAMILIES))
+@pytest.mark.parametrize("name", [name for name in MORE_FAMILIES if name not in INDUCTOR_TOO_SLOW])
 def test_family_under_the_registered_backend_matches_torch_compile(name):
     """``torch.compile(model, backend="remat")`` (the default budget, on Inductor) against plain
     ``torch.compile``, the same seed before each step: the loss, and every gradient within
