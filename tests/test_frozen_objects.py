@@ -45,9 +45,11 @@ def test_garbage_made_within_is_still_collected_within():
 def test_a_freeze_that_was_there_is_left_alone():
     gc.freeze()  # the user's (a server freezing before it forks)
     frozen = gc.get_freeze_count()
+    # Frozen objects may still die by reference counting, so the count can only fall a little;
+    # an unfreeze would make it 0.
     with older_objects_frozen():
-        assert gc.get_freeze_count() == frozen
-    assert gc.get_freeze_count() == frozen
+        assert frozen // 2 < gc.get_freeze_count() <= frozen
+    assert frozen // 2 < gc.get_freeze_count() <= frozen
 
 
 def test_optimize_freezes_during_its_capture_and_unfreezes(monkeypatch):
