@@ -317,6 +317,14 @@ def extract_fwd_bwd_modules(joint_module: fx.GraphModule, saved_values: Sequence
     return extract(joint_module, list(saved_values), list(saved_symbols), **kwargs)
 
 
+def without_donated_buffers() -> contextlib.AbstractContextManager[Any]:
+    """AOTAutograd's donated buffers off (private ``torch._functorch.config.donated_buffer``; absent: none).
+    Donation lets Inductor's backward reuse a saved tensor's buffer after its last read, checking aliases
+    of inputs and outputs, not of other saved tensors: a plan may keep a tensor and its views."""
+    config = torch._functorch.config
+    return config.patch(donated_buffer=False) if hasattr(config, "donated_buffer") else contextlib.nullcontext()
+
+
 # --- fake tensors -----------------------------------------------------------------------------
 
 
@@ -357,17 +365,9 @@ def autograd_inside_kernel() -> Iterator[None]:
 
 @contextlib.contextmanager
 def quiet_profiler_switch() -> Iterator[None]:
-    """Silence what the profiler writes to the process's stderr while it starts or stops.
-
-    torch 2.13's kineto writes two "USDT: ... profiler_start / profiler_stop" lines straight to
-    file descriptor 2 each time a profiler starts and stops, whatever Python's logging says, and
-    remat_pass starts one per measured kernel (``annotate.scratch``): ~80 lines on a GPT-2's first
-    call. Only kineto's own ``KINETO_LOG_LEVEL``, read when it first starts, turns them off, and
-    setting it would change the user's own profiler runs; so the descriptor is pointed at the
-    null device around the switch only, not while the measured code runs. A user who set
-    ``KINETO_LOG_LEVEL`` sees what they asked for; where descriptor 2 cannot be duplicated
-    (no stderr), nothing is silenced.
-    """
+    """Descriptor 2 at the null device meanwhile: torch 2.13's kineto writes "USDT: ... profiler_start /
+    profiler_stop" there at each start and stop (~80 lines on a GPT-2's first call). Its own switch,
+    ``KINETO_LOG_LEVEL``, would change the user's profiling too; a user who set it sees what they asked."""
     if "KINETO_LOG_LEVEL" in os.environ:
         yield
         return

@@ -113,11 +113,13 @@ def fraction_bound(plan, fraction: float) -> float:
     return inputs + fraction * (plan.keep_all_bytes - inputs)
 
 
-def fitted_against_torch_compile(module: nn.Module, inputs, scale: float = 1.0):
+def fitted_against_torch_compile(module: nn.Module, inputs, scale: float = 1.0, tolerance: float = 0.0):
     """``module``'s step under the remat backend on Inductor, at a peak budget of ``scale`` times
     the activation peak of torch.compile's own step (Inductor, no remat, a copy of ``module``):
     asserts the step measures within the budget and equals torch.compile's loss and gradients bit
-    for bit (the same seed before each step: dropout included). Returns the backend, for its plans."""
+    for bit (the same seed before each step: dropout included), or within ``tolerance`` of each
+    gradient's largest entry (where torch.compile's own step is not deterministic: an embedding's
+    gradient accumulated by several threads). Returns the backend, for its plans."""
     from remat_pass.runtime.measure import allocator_peak
 
     reference = copy.deepcopy(module)
@@ -144,5 +146,6 @@ def fitted_against_torch_compile(module: nn.Module, inputs, scale: float = 1.0):
     reference.zero_grad(set_to_none=True)
     assert torch.equal(step_of(compiled)(), step_of(plain)())
     for (name, p), q in zip(module.named_parameters(), reference.parameters()):
-        assert torch.equal(p.grad, q.grad), name
+        close = (p.grad - q.grad).abs().max() <= tolerance * q.grad.abs().max() if tolerance else torch.equal(p.grad, q.grad)
+        assert close, name
     return backend

@@ -26,7 +26,7 @@ from benchmarks.hf_families import MORE_FAMILIES
 from benchmarks.models import LossOf
 from benchmarks.vs_checkpoint import measured_step
 
-from .helpers import eager_reference, optimize_and_step
+from .helpers import eager_reference, fitted_against_torch_compile, optimize_and_step
 from .zoo_models import VOCAB, _LogitsOf, _lm_loss
 
 pytest.importorskip("transformers")
@@ -109,31 +109,10 @@ def test_a_peak_budget_on_inductor_gives_torch_compiles_gradients_where_saved_te
     """HF OLMo2 (2 layers, h64, s32, dropout 0.1) under the backend at 0.8 of plain torch.compile's measured
     peak: the fitted plan keeps a layer's input and the q/k/v matmuls' views of it. With AOTAutograd's
     donated buffers Inductor reused that input's buffer in backward while the views were still to be
-    read, and layer 0's q/k/v weight gradients were off by up to 1.25 (a held-out probe); now the
-    gradients are torch.compile's, and the measured peak is within the budget."""
-    from remat_pass.runtime.measure import allocator_peak
-
+    read, and layer 0's q/k/v weight gradients came out wrong (a held-out probe); now the loss is
+    torch.compile's and the gradients within ``INDUCTOR_TOLERANCE`` (the embedding's is not bit-stable
+    in torch.compile's own steps), within the budget as measured."""
     torch.manual_seed(0)
     tokens = torch.randint(3, 256, (2, 32))
     model = LossOf(MORE_FAMILIES["olmo2"](2, 64, 32, 256, 4, dropout=DROPOUT), torch.randint(0, 256, (2, 32))).train()
-    reference = copy.deepcopy(model)
-
-    def step_of(compiled, owner):
-        def step():
-            torch.manual_seed(7)
-            compiled(tokens).backward()
-        return step
-
-    plain = torch.compile(reference)
-    step_of(plain, reference)()
-    plain_grads = [p.grad.clone() for p in reference.parameters()]
-    reference.zero_grad(set_to_none=True)
-    budget = int(0.8 * allocator_peak(step_of(plain, reference), "cpu",
-                                      lambda: [p.grad for p in reference.parameters()]).peak_excluding)
-    compiled = torch.compile(model, backend=remat_pass.backend(budget=budget, budget_kind="peak", plan_cache=False))
-    step_of(compiled, model)()
-    for (key, p), expected in zip(model.named_parameters(), plain_grads):
-        assert (p.grad - expected).abs().max() <= INDUCTOR_TOLERANCE * max(expected.abs().max().item(), 1e-12), key
-    model.zero_grad(set_to_none=True)
-    measured = allocator_peak(step_of(compiled, model), "cpu", lambda: [p.grad for p in model.parameters()])
-    assert measured.peak_excluding <= budget
+    fitted_against_torch_compile(model, (tokens,), scale=0.8, tolerance=INDUCTOR_TOLERANCE)

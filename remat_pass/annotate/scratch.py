@@ -283,8 +283,8 @@ _RANDOM_BLOCK = 1 << 16  # elements drawn per filled tensor; the rest repeats th
 
 def _random_fill(flat: torch.Tensor) -> None:
     """Fill a 1-d tensor with normal values, one block drawn and repeated: scratch does not depend
-    on the values (ops whose output does are not measured), and drawing each element of a GPT-2's
-    inputs took a third of the measurement (6 ms per 6 MB)."""
+    on the values (ops whose output does are not measured), and drawing every element of large
+    inputs costs more than the short kernel calls it feeds."""
     block = torch.randn(min(flat.numel(), _RANDOM_BLOCK), dtype=flat.dtype, device=flat.device)
     whole = flat.numel() // max(block.numel(), 1)
     flat[: whole * block.numel()].view(whole, block.numel()).copy_(block)

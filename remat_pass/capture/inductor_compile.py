@@ -15,10 +15,9 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-import torch
 from torch import fx
 
-from ..compat import PartitionerBase
+from ..compat import PartitionerBase, without_donated_buffers
 from .cached_compile import CompiledPlans, Compiling, compile_cached, graph_digest, needs_backward
 from .late_addmm import post_grad_pass_for_our_compiles
 from .precompiled import note_candidate
@@ -77,13 +76,11 @@ def _compile_fx(gm: fx.GraphModule, example_inputs: list[Any],
     def compile_as(identity: str | None) -> Any:
         # Without an identity the caches could hand back a compile planned under other settings.
         uncached = {} if identity is not None else {"fx_graph_cache": False}
-        # No donated buffers: AOTAutograd lets Inductor reuse a saved tensor's buffer in backward after
-        # its last use unless it aliases an input or output, but not checking aliases among the saved
-        # tensors themselves, and a plan may keep a tensor and views of it (a layer's input and the
-        # q/k/v matmuls' views of it): the buffer was reused while a view was still to be read, and
-        # the layer's q/k/v weight gradients came out wrong (HF OLMo2 under a peak budget, 1.25 off).
+        # No donated buffers: a plan may keep a tensor and views of it (a layer's input and the q/k/v
+        # matmuls' views of it), and donation reused the tensor's buffer while a view was still to be
+        # read: HF OLMo2's q/k/v weight gradients came out wrong under a peak budget (tests/test_more_families.py).
         with inductor_config.patch(custom_partitioner_fn=InductorPartitioner(partition, identity), **uncached), \
-                torch._functorch.config.patch(donated_buffer=False):
+                without_donated_buffers():
             return compile_fx(gm, example_inputs, config_patches=passes)
 
     graph = graph_digest(gm, example_inputs) if needs_backward(example_inputs) else None
