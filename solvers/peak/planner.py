@@ -88,6 +88,11 @@ EARLY_FIT_SHARE = 0.2
 CAP_SHARE = 0.25
 # Share of the time limit for the local search from the best plan that fits (``local_search``).
 LOCAL_SHARE = 0.25
+# prove=False: once the tied rows' plan fits, the untied rows and the resumed cap search are skipped, and
+# the local search, the fitting of overshoots and the bound get this share each, not what the limit has
+# left. On the 12-layer HF GPT-2 of the first call and eight other cases of ``benchmarks.planning_time
+# --solver-limits``, nothing after the tied solve and the first caps improved the answer at 2 s.
+SETTLED_SHARE = 0.1
 # Share of the time limit the exact rows (``exact_rows``) may use, after the other searches.
 EXACT_SHARE = 0.25
 # Each exact round's solve gets at least this long (or a third of the share, if longer): its
@@ -170,6 +175,8 @@ def solve_peak(
     where the probe took 27 s of a 12-layer GPT-2's 190 s fit).
     ``prove=False`` skips the proof work (exact rows, any-schedule bound); the gap is then the
     relaxation's (not built above ``FAST_ROWS_STEPS_PER_SECOND``) or the saved-bytes one, the higher.
+    Without proof work a tied plan that fits also ends the searches early (``SETTLED_SHARE``): the
+    answer then comes in about half the limit.
     ``refusal_time_limit``: when no plan fits at ``time_limit``, the searches go on until this many
     seconds after the call before the budget is refused (tried caps remembered, the tied solve not
     repeated, the rest run again with the longer limit): a short default limit then answers fast
@@ -216,6 +223,8 @@ def solve_peak(
     best = min(fitting, key=_rank)
     bound = None if best.plan.refreshed else bound  # the rows hold each recomputed value across its reads
     gap = relative_gap(best.plan.predicted_extra_seconds, bound)
+    if search.settled:  # the bound gets its share of the limit, not the time the searches left unused
+        ends = min(ends, clock.now() + bound_share * time_limit)
     if (gap is None or gap > PROVEN_GAP) and cap_solver != "ilp_offload":  # they bound recompute only
         floor = any_schedule_bound_by(problem, budget_bytes, backend=search.exact_backend, deadline=ends,
                                       threads=threads) if prove else saved_bytes_floor(problem, budget_bytes, ends)
@@ -238,6 +247,8 @@ class _Search(CapSearch):
         # About how long the untied conservative step rows take, build and solve (``with_mirrored_rows``).
         self.untied_seconds = 0.0
         self.mirrored_tried = False  # the tied solve is made once (``with_mirrored_rows``)
+        self.tied_plan_fits = False  # whether the tied solve (or its plans made to fit) gave a plan that fits
+        self.settled = False  # without proof work, a tied plan that fits ends the searches (``run``)
         self.keep_all_memory: PlanMemory | None = None  # keep-all's simulated memory, for the probe's searches
 
     def run(self, keep_all_memory: PlanMemory, began: float, time_limit: float, prove: bool, rounds: int,
@@ -254,7 +265,10 @@ class _Search(CapSearch):
         if cap_solver == "ilp" and not self.mirrored_tried:
             self.with_mirrored_rows(time_limit)
         self.over_saved_cap(keep_all_memory, until=began + CAP_SHARE * time_limit if cap_solver == "ilp" else None)
-        if cap_solver == "ilp":
+        self.settled = not prove and self.tied_plan_fits
+        if self.settled:
+            logger.info("ilp_peak: the tied rows' plan fits; without proof work the other searches are skipped")
+        if cap_solver == "ilp" and not self.settled:
             if rows:  # without the exact rows, its relaxation is the only proof: more time for it
                 bound = self.with_step_rows(CUT_ROUNDS, share=1 / 3 if prove else 1 / 2)
             if self._left() > 0.1:  # the cap search resumed with what is left (tried caps are remembered)
@@ -266,9 +280,12 @@ class _Search(CapSearch):
         if self.relaxed_plan is not None and prove:
             bound = self.exact_rounds(self.relaxed_plan, bound, min(self._left(), exact_share * time_limit))
         if cap_solver == "ilp" and not self.proven_by(bound):  # the simulator's own local search
-            self.polish(min(self._left(), LOCAL_SHARE * time_limit))
+            self.polish(min(self._left(), (SETTLED_SHARE if self.settled else LOCAL_SHARE) * time_limit))
+        fit_until = ends - bound_share * time_limit
+        if self.settled:
+            fit_until = min(fit_until, clock.now() + SETTLED_SHARE * time_limit)
         # A plan that gives up kept values stays inside the peak model: none beats a proven optimum.
-        self.fit_cheaper(self.candidates, ends - bound_share * time_limit, repair_kept=not self.proven_by(bound))
+        self.fit_cheaper(self.candidates, fit_until, repair_kept=not self.proven_by(bound))
         return bound
 
     def with_step_rows(self, rounds: int, share: float = 1 / 3) -> float | None:
@@ -314,6 +331,7 @@ class _Search(CapSearch):
         if self.untied_seconds >= self._left() / 2:  # the tied plans, and those that fit
             among = [c for i, c in enumerate(self.candidates) if i >= before or c.memory.peak_bytes <= self.budget]
             self.fit_cheaper(among, min(clock.now() + EARLY_FIT_SHARE * time_limit, self.deadline))
+        self.tied_plan_fits = any(c.memory.peak_bytes <= self.budget for c in self.candidates[before:])
 
     def exact_rounds(self, plan: Plan, bound: float | None, seconds: float) -> float | None:
         """Tighten the relaxation where its plan peaks (``exact_rows``) while that helps.
