@@ -2,9 +2,8 @@
 
 torch's public surface does not cover what a graph pass needs (symbolic sizes, AOTAutograd's
 partitioner helpers, boxed FX codegen, profiler allocator events, fake tensors), so these come
-from private modules that move between releases. Keeping them here means a new torch version is
-checked in one file, and each shim says what it guards. The project is tested on torch 2.13
-(CPU); the GPU machines may run older releases (2.11), hence the fallbacks.
+from private modules that move between releases: a new torch is checked in this one file, and each
+shim says what it guards. Tested on torch 2.13 (CPU); GPU machines may run 2.11, hence the fallbacks.
 """
 
 from __future__ import annotations
@@ -317,12 +316,17 @@ def extract_fwd_bwd_modules(joint_module: fx.GraphModule, saved_values: Sequence
     return extract(joint_module, list(saved_values), list(saved_symbols), **kwargs)
 
 
-def without_donated_buffers() -> contextlib.AbstractContextManager[Any]:
-    """AOTAutograd's donated buffers off (private ``torch._functorch.config.donated_buffer``; absent: none).
-    Donation lets Inductor's backward reuse a saved tensor's buffer after its last read, checking aliases
-    of inputs and outputs, not of other saved tensors: a plan may keep a tensor and its views."""
+def donated_buffers_scope() -> contextlib.AbstractContextManager[Any]:
+    """A scope at whose end AOTAutograd's donated-buffer setting (private ``torch._functorch.config.donated_buffer``;
+    absent: no-op) is back to what it was, so that ``stop_donating_buffers`` inside it lasts one compile."""
     config = torch._functorch.config
-    return config.patch(donated_buffer=False) if hasattr(config, "donated_buffer") else contextlib.nullcontext()
+    return config.patch(donated_buffer=config.donated_buffer) if hasattr(config, "donated_buffer") else contextlib.nullcontext()
+
+
+def stop_donating_buffers() -> None:
+    """No donated buffers from here: AOTAutograd reads the setting just after its partitioner returns."""
+    if hasattr(torch._functorch.config, "donated_buffer"):
+        torch._functorch.config.donated_buffer = False
 
 
 # --- fake tensors -----------------------------------------------------------------------------
@@ -440,12 +444,10 @@ def cuda_allocator_events(fn: Callable[[], T], device: torch.device) -> tuple[T,
     ``memory_allocated`` drops); frees of blocks allocated before the call are left out, so the
     timeline starts at 0 as on the CPU.
 
-    Recording the history is switched on for the call and off after it, unless the user's own
-    recording was on (``_cuda_history_enabled``): then it stays on, with its history kept. Torch
-    can say whether recording is on but not with which options, so those cannot be restored: the
-    recording goes on with torch's default tracebacks (``context="all"``, ``stacks="all"``) and a
-    ring of ``_CUDA_TRACE_ENTRIES``; call ``_record_memory_history`` again to set others. (A torch
-    without the check, none known, gets the recording switched off after the call, as before.)
+    Recording is switched on for the call and off after it, unless the user's own recording was on
+    (``_cuda_history_enabled``): it then stays on, with torch's default tracebacks (torch does not say
+    which options were set) and a ring of ``_CUDA_TRACE_ENTRIES``; call ``_record_memory_history`` again
+    to set others. (A torch without the check, none known, gets the recording switched off after.)
     """
     from torch.cuda import memory as cuda_memory
 
@@ -491,8 +493,8 @@ def _allocator_trace_events(trace: list[dict[str, Any]]) -> list[tuple[int, int,
 
 __all__ = [
     "CustomGraphPass", "PartitionerBase", "get_hash_for_files", "aot_cache_bundles_graphs", "allocator_events", "autograd_inside_kernel", "concrete_int", "cuda_allocator_events",
-    "extract_fwd_bwd_modules", "fake_tensor_mode", "forget_compiled", "has_custom_partitioner", "inductor_cache_dir", "is_fake", "is_symbolic",
-    "is_view_op",
+    "donated_buffers_scope", "extract_fwd_bwd_modules", "fake_tensor_mode", "forget_compiled", "has_custom_partitioner",
+    "inductor_cache_dir", "is_fake", "is_symbolic", "is_view_op", "stop_donating_buffers",
     "real_tensors", "recompile_limit", "recompile_limit_errors", "storable_graph_compiler",
     "use_boxed_codegen",
 ]

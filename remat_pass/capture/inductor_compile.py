@@ -17,8 +17,9 @@ from typing import Any, Callable, Sequence
 
 from torch import fx
 
-from ..compat import PartitionerBase, without_donated_buffers
+from ..compat import PartitionerBase, donated_buffers_scope
 from .cached_compile import CompiledPlans, Compiling, compile_cached, graph_digest, needs_backward
+from .donated_buffers import stop_donating_if_saved_tensors_alias
 from .late_addmm import post_grad_pass_for_our_compiles
 from .precompiled import note_candidate
 
@@ -37,7 +38,9 @@ class InductorPartitioner(PartitionerBase):  # type: ignore[misc,valid-type]
     def __call__(self, gm: fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any):
         if self._partition is None:
             raise RuntimeError("a remat_pass partitioner read back from a pickle has no planner to call")
-        return self._partition(gm, joint_inputs, **kwargs)
+        forward, backward = self._partition(gm, joint_inputs, **kwargs)
+        stop_donating_if_saved_tensors_alias(forward, kwargs["num_fwd_outputs"])
+        return forward, backward
 
     def uuid(self) -> str | None:
         return self._identity
@@ -76,11 +79,10 @@ def _compile_fx(gm: fx.GraphModule, example_inputs: list[Any],
     def compile_as(identity: str | None) -> Any:
         # Without an identity the caches could hand back a compile planned under other settings.
         uncached = {} if identity is not None else {"fx_graph_cache": False}
-        # No donated buffers: a plan may keep a tensor and views of it (a layer's input and the q/k/v
-        # matmuls' views of it), and donation reused the tensor's buffer while a view was still to be
-        # read: HF OLMo2's q/k/v weight gradients came out wrong under a peak budget (tests/test_more_families.py).
+        # Donated buffers stay on unless the partition saves tensors that share a storage (``donated_buffers``):
+        # it then turns them off, for this compile only.
         with inductor_config.patch(custom_partitioner_fn=InductorPartitioner(partition, identity), **uncached), \
-                without_donated_buffers():
+                donated_buffers_scope():
             return compile_fx(gm, example_inputs, config_patches=passes)
 
     graph = graph_digest(gm, example_inputs) if needs_backward(example_inputs) else None

@@ -1,0 +1,55 @@
+"""Kept views made again in backward from their kept base (``rewrite.kept_views``): one saved tensor per storage."""
+
+from __future__ import annotations
+
+import torch
+
+from remat_pass import solvers
+from remat_pass.annotate.annotate import annotate
+from remat_pass.capture.capture import capture
+from remat_pass.capture.donated_buffers import saved_tensors_share_storage
+from remat_pass.rewrite.kept_views import views_of_kept_values
+from remat_pass.rewrite.rewrite import rewrite
+from remat_pass.solvers.problem import Plan, closure_from_keep_set
+
+from .test_annotate import TwoLayer
+
+
+def _annotated_two_layer():
+    """Keep-all keeps its ``tanh`` and the ``detach`` of it that ``tanh_backward`` reads."""
+    torch.manual_seed(0)
+    (joint,) = capture(TwoLayer(), (torch.randn(2, 4),))
+    return annotate(joint)
+
+
+def test_keep_all_saves_one_tensor_per_storage_and_backward_makes_the_views_again():
+    annotated = _annotated_two_layer()
+    problem, nodes = annotated.problem, annotated.nodes
+    plan = solvers.solve(problem, None, solver="keep_all")
+    views = views_of_kept_values(problem, plan, nodes)
+    assert views and views <= plan.kept  # keep-all keeps every view of a kept value
+    forward, backward = rewrite(annotated, plan)
+    assert not saved_tensors_share_storage(forward, annotated.joint.num_fwd_outputs)
+    saved = {n.name for n in backward.graph.nodes if n.op == "placeholder"}
+    made = {n.name for n in backward.graph.nodes if n.op == "call_function"}
+    for i in views:
+        assert nodes[i].name not in saved
+    read_in_backward = {nodes[i].name for i in views} & made
+    assert read_in_backward, "backward makes again the views it reads"
+    for i in plan.kept - views:  # the bases of the views, and every other kept value, are saved
+        assert nodes[i].name in saved or not nodes[i].users
+
+
+def test_a_view_whose_base_is_not_kept_stays_saved():
+    annotated = _annotated_two_layer()
+    problem, nodes = annotated.problem, annotated.nodes
+    keep_all = solvers.solve(problem, None, solver="keep_all")
+    views = views_of_kept_values(problem, keep_all, nodes)
+    view = max(views)
+    base = next(i for i in range(view) if problem.values[i].storage == problem.values[view].storage)
+    kept, recomputed = closure_from_keep_set(problem, keep_all.kept - {base})  # the base made again instead
+    plan = Plan(problem=problem, kept=kept, recomputed=recomputed, solver="test")
+    assert view in plan.kept and base in plan.recomputed
+    assert view not in views_of_kept_values(problem, plan, nodes)
+    forward, backward = rewrite(annotated, plan)
+    assert nodes[view].name in {n.name for n in backward.graph.nodes if n.op == "placeholder"}
