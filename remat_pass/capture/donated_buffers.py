@@ -7,7 +7,7 @@ against each other. A plan may keep a tensor and views of it (a layer's input an
 views of it): the backward then reused the tensor's buffer while a view of it was still to be read,
 and HF OLMo2's q/k/v weight gradients came out wrong under a peak budget on Inductor
 (``tests/test_more_families.py``). Turning donation off for every compile fixed that but cost
-backward's reuse everywhere: 6-8% more measured peak on 2-layer HF GPT-2 and BERT (h128, s128) at
+backward's reuse everywhere: 7-9% more measured peak on 2-layer HF GPT-2 and BERT (h128, s128) at
 saved-bytes budgets (``benchmarks/VS_INDUCTOR.md``, "Donated buffers where they are safe"). So the
 partition whose saved tensors share a storage turns donation off for its own compile only.
 """
