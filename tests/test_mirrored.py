@@ -179,11 +179,13 @@ def test_without_proof_work_a_tied_plan_that_fits_ends_the_searches(monkeypatch)
                if c.plan.solver == "ilp" and c.memory.peak_bytes <= budget)
     assert plan.predicted_extra_seconds <= tied
 
-    searches.clear(), called.clear()
+    searches.clear()
+    called.clear()
     solvers.solve(problem, budget, solver="ilp_peak", time_limit=5, prove=True)
     assert not searches[0].settled and called[:3] == ["caps", "untied", "caps"]
 
-    searches.clear(), called.clear()
+    searches.clear()
+    called.clear()
     monkeypatch.setattr(peak._Search, "with_mirrored_rows", lambda self, *a: setattr(self, "mirrored_tried", True))
     solvers.solve(problem, budget, solver="ilp_peak", time_limit=5, prove=False)
     assert not searches[0].settled and called[:3] == ["caps", "untied", "caps"]
