@@ -158,7 +158,7 @@ def test_without_proof_work_the_tied_rows_run_where_the_untied_ones_are_out_of_t
 def test_without_proof_work_a_tied_plan_that_fits_ends_the_searches(monkeypatch):
     """``prove=False``: once the tied rows give a plan that fits, the untied rows, the resumed cap search
     and the overshooting cap's rows are skipped (at 2 s they improved none of nine measured cases, and took
-    ~0.9 s of the 12-layer HF GPT-2's first call). With proof work, or where no tied plan fits, they run."""
+    ~1 s of the 12-layer HF GPT-2's first call). With proof work, or where no tied plan fits, they run."""
     from remat_pass import solvers
     from remat_pass.solvers.peak import planner as peak
 
