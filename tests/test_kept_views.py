@@ -53,3 +53,41 @@ def test_a_view_whose_base_is_not_kept_stays_saved():
     assert view not in views_of_kept_values(problem, plan, nodes)
     forward, backward = rewrite(annotated, plan)
     assert nodes[view].name in {n.name for n in backward.graph.nodes if n.op == "placeholder"}
+
+
+class TwoViews(torch.nn.Module):
+    """Backward reads two views of ``h`` (for the two weights' gradients) and never ``h`` itself."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.c2 = torch.nn.Parameter(torch.randn(1, 4, 3)), torch.nn.Parameter(torch.randn(4, 1, 3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(x)
+        return (h.unsqueeze(0) * self.c1).sum() + (h.unsqueeze(1) * self.c2).sum()
+
+
+def test_two_kept_views_of_a_value_not_kept_are_saved_as_that_value_and_the_step_is_exact():
+    from remat_pass.rewrite.kept_views import saved_bases
+
+    torch.manual_seed(0)
+    model, x = TwoViews(), torch.randn(4, 3, requires_grad=True)
+    (joint,) = capture(model, (x,))
+    annotated = annotate(joint)
+    problem, nodes = annotated.problem, annotated.nodes
+    plan = solvers.solve(problem, None, solver="keep_all")
+    bases = saved_bases(problem, plan, nodes)
+    assert [nodes[i].name for i in bases] == ["tanh"] and not bases & plan.kept
+    views = views_of_kept_values(problem, plan, nodes)
+    assert len(views & plan.kept) >= 2  # the two unsqueezes (and the detach tanh_backward reads)
+    forward, backward = rewrite(annotated, plan)
+    assert not saved_tensors_share_storage(forward, annotated.joint.num_fwd_outputs)
+    assert "tanh" in {n.name for n in backward.graph.nodes if n.op == "placeholder"}
+
+    import remat_pass
+
+    expected = torch.autograd.grad(model(x), [x, *model.parameters()])
+    optimized = remat_pass.optimize(model, 1.0, example_inputs=(x,), solver="keep_all")
+    got = torch.autograd.grad(optimized(x), [x, *model.parameters()])
+    for a, b in zip(got, expected):
+        assert torch.equal(a, b)

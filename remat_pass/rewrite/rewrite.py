@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from remat_pass.solvers.problem import Plan
 
 from . import offload
-from .kept_views import views_of_kept_values
+from .kept_views import saved_bases, views_of_kept_values
 from ..annotate.annotate import AnnotatedGraph
 from ..annotate.batch_norm import restore_forward, swap_recomputed
 from ..annotate.dropout_replay import dropout_replay_sources, replay_scale
@@ -41,8 +41,9 @@ def rewrite(annotated: AnnotatedGraph, plan: Plan) -> tuple[fx.GraphModule, fx.G
     joint = annotated.joint
     module, copies = _copy_module(joint.module)  # rewriting never touches the annotated graph
     nodes = [copies[node] for node in annotated.nodes]
-    views = views_of_kept_values(annotated.problem, plan, nodes)  # made again from their kept base
+    views = views_of_kept_values(annotated.problem, plan, nodes)  # made again from their base
     saved_values, saved_symbols = _saved_nodes(annotated, plan, nodes, views)
+    saved_values += [nodes[i] for i in sorted(saved_bases(annotated.problem, plan, nodes))]
     saved_values += offload.saved_bases(annotated.problem, plan, nodes)
     recomputed_names = {nodes[i].name for i in plan.recomputed | views} | offload.rebuilt_views(annotated.problem, plan, nodes)
     refreshed_names = {nodes[i].name for i in plan.refreshed}
