@@ -8,7 +8,7 @@ from remat_pass import solvers
 from remat_pass.annotate.annotate import annotate
 from remat_pass.capture.capture import capture
 from remat_pass.capture.donated_buffers import saved_tensors_share_storage
-from remat_pass.rewrite.kept_views import views_of_kept_values
+from remat_pass.rewrite.kept_views import views_made_again
 from remat_pass.rewrite.rewrite import rewrite
 from remat_pass.solvers.problem import Plan, closure_from_keep_set
 
@@ -26,7 +26,7 @@ def test_keep_all_saves_one_tensor_per_storage_and_backward_makes_the_views_agai
     annotated = _annotated_two_layer()
     problem, nodes = annotated.problem, annotated.nodes
     plan = solvers.solve(problem, None, solver="keep_all")
-    views = views_of_kept_values(problem, plan, nodes)
+    views = views_made_again(problem, plan, nodes).views
     assert views and views <= plan.kept  # keep-all keeps every view of a kept value
     forward, backward = rewrite(annotated, plan)
     assert not saved_tensors_share_storage(forward, annotated.joint.num_fwd_outputs)
@@ -44,13 +44,13 @@ def test_a_view_whose_base_is_not_kept_stays_saved():
     annotated = _annotated_two_layer()
     problem, nodes = annotated.problem, annotated.nodes
     keep_all = solvers.solve(problem, None, solver="keep_all")
-    views = views_of_kept_values(problem, keep_all, nodes)
+    views = views_made_again(problem, keep_all, nodes).views
     view = max(views)
     base = next(i for i in range(view) if problem.values[i].storage == problem.values[view].storage)
     kept, recomputed = closure_from_keep_set(problem, keep_all.kept - {base})  # the base made again instead
     plan = Plan(problem=problem, kept=kept, recomputed=recomputed, solver="test")
     assert view in plan.kept and base in plan.recomputed
-    assert view not in views_of_kept_values(problem, plan, nodes)
+    assert view not in views_made_again(problem, plan, nodes).views
     forward, backward = rewrite(annotated, plan)
     assert nodes[view].name in {n.name for n in backward.graph.nodes if n.op == "placeholder"}
 
@@ -68,18 +68,15 @@ class TwoViews(torch.nn.Module):
 
 
 def test_two_kept_views_of_a_value_not_kept_are_saved_as_that_value_and_the_step_is_exact():
-    from remat_pass.rewrite.kept_views import saved_bases
-
     torch.manual_seed(0)
     model, x = TwoViews(), torch.randn(4, 3, requires_grad=True)
     (joint,) = capture(model, (x,))
     annotated = annotate(joint)
     problem, nodes = annotated.problem, annotated.nodes
     plan = solvers.solve(problem, None, solver="keep_all")
-    bases = saved_bases(problem, plan, nodes)
-    assert [nodes[i].name for i in bases] == ["tanh"] and not bases & plan.kept
-    views = views_of_kept_values(problem, plan, nodes)
-    assert len(views & plan.kept) >= 2  # the two unsqueezes (and the detach tanh_backward reads)
+    made_again = views_made_again(problem, plan, nodes)
+    assert [nodes[i].name for i in made_again.bases] == ["tanh"] and not made_again.bases & plan.kept
+    assert len(made_again.views & plan.kept) >= 2  # the two unsqueezes (and the detach tanh_backward reads)
     forward, backward = rewrite(annotated, plan)
     assert not saved_tensors_share_storage(forward, annotated.joint.num_fwd_outputs)
     assert "tanh" in {n.name for n in backward.graph.nodes if n.op == "placeholder"}

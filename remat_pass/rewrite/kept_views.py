@@ -13,6 +13,8 @@ storage). The plan itself (what is kept, what its memory is) does not change.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from torch import fx
 
 from remat_pass.solvers.problem import Plan, Problem
@@ -20,34 +22,34 @@ from remat_pass.solvers.problem import Plan, Problem
 from ..compat import is_view_op
 
 
-def saved_bases(problem: Problem, plan: Plan, nodes: list[fx.Node]) -> frozenset[int]:
-    """Values the plan neither keeps nor recomputes whose storage it keeps through two or more views of
-    them (HF OLMo2's rotary tables: each layer's ``unsqueeze`` for q and for k): the forward saves the
-    value itself instead (the same storage, no byte more) and backward makes the views again."""
+@dataclass(frozen=True)
+class ViewsMadeAgain:
+    """What the rewrite saves and makes again instead of saving views that share a storage."""
+
+    views: frozenset[int]  # kept values (and the views between them and their base) made again in backward
+    bases: frozenset[int]  # values the plan neither keeps nor recomputes, saved for two or more kept views
+
+
+def views_made_again(problem: Problem, plan: Plan, nodes: list[fx.Node]) -> ViewsMadeAgain:
+    """Each kept value that is a chain of view ops from another kept value, or from a value the plan neither
+    keeps nor recomputes but keeps two or more views of (HF OLMo2's rotary tables: each layer's ``unsqueeze``
+    for q and for k; that value is then saved, the same storage, no byte more), is made again in backward
+    with the views on its chain, from the topmost such value. ``nodes`` are the problem's values' nodes, in
+    graph order. Offloaded storages are left to ``rewrite.offload``."""
     sources = _view_sources(problem, plan, nodes)
+    chains = {view: _chain(view, sources) for view in plan.kept & sources.keys()}  # the view first, its root last
     views_by_root: dict[int, set[int]] = {}
-    for view in plan.kept & sources.keys():
-        views_by_root.setdefault(_root(view, sources), set()).add(view)
-    return frozenset(root for root, views in views_by_root.items() if len(views) >= 2 and nodes[root].op == "call_function"
-                     and root not in plan.kept and root not in plan.recomputed)
-
-
-def views_of_kept_values(problem: Problem, plan: Plan, nodes: list[fx.Node]) -> frozenset[int]:
-    """Ids of the values backward makes again by view ops: each kept value that is a chain of view ops from
-    another kept value or from one of ``saved_bases``, and the views on that chain (from the topmost such
-    value). ``nodes`` are the problem's values' nodes, in graph order. Offloaded storages are left to
-    ``rewrite.offload``."""
-    sources = _view_sources(problem, plan, nodes)
-    anchors = plan.kept | saved_bases(problem, plan, nodes)
+    for view, chain in chains.items():
+        views_by_root.setdefault(chain[-1], set()).add(view)
+    bases = frozenset(root for root, views in views_by_root.items() if len(views) >= 2 and nodes[root].op == "call_function"
+                      and root not in plan.kept and root not in plan.recomputed)
+    anchors = plan.kept | bases
     rebuilt: set[int] = set()
-    for view in plan.kept & sources.keys():
-        chain = [view]
-        while chain[-1] in sources:
-            chain.append(sources[chain[-1]])
+    for chain in chains.values():
         tops = [position for position, value in enumerate(chain) if position > 0 and value in anchors]
         if tops:
             rebuilt.update(chain[: tops[-1]])
-    return frozenset(rebuilt)
+    return ViewsMadeAgain(frozenset(rebuilt), bases)
 
 
 def _view_sources(problem: Problem, plan: Plan, nodes: list[fx.Node]) -> dict[int, int]:
@@ -64,10 +66,12 @@ def _view_sources(problem: Problem, plan: Plan, nodes: list[fx.Node]) -> dict[in
     return sources
 
 
-def _root(value: int, sources: dict[int, int]) -> int:
-    while value in sources:
-        value = sources[value]
-    return value
+def _chain(value: int, sources: dict[int, int]) -> list[int]:
+    """``value``, the value it views, and so on up to one that is no view of another."""
+    chain = [value]
+    while chain[-1] in sources:
+        chain.append(sources[chain[-1]])
+    return chain
 
 
-__all__ = ["saved_bases", "views_of_kept_values"]
+__all__ = ["ViewsMadeAgain", "views_made_again"]

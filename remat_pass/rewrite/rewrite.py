@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from remat_pass.solvers.problem import Plan
 
 from . import offload
-from .kept_views import saved_bases, views_of_kept_values
+from .kept_views import ViewsMadeAgain, views_made_again
 from ..annotate.annotate import AnnotatedGraph
 from ..annotate.batch_norm import restore_forward, swap_recomputed
 from ..annotate.dropout_replay import dropout_replay_sources, replay_scale
@@ -41,11 +41,10 @@ def rewrite(annotated: AnnotatedGraph, plan: Plan) -> tuple[fx.GraphModule, fx.G
     joint = annotated.joint
     module, copies = _copy_module(joint.module)  # rewriting never touches the annotated graph
     nodes = [copies[node] for node in annotated.nodes]
-    views = views_of_kept_values(annotated.problem, plan, nodes)  # made again from their base
+    views = views_made_again(annotated.problem, plan, nodes)  # not saved beside their base
     saved_values, saved_symbols = _saved_nodes(annotated, plan, nodes, views)
-    saved_values += [nodes[i] for i in sorted(saved_bases(annotated.problem, plan, nodes))]
     saved_values += offload.saved_bases(annotated.problem, plan, nodes)
-    recomputed_names = {nodes[i].name for i in plan.recomputed | views} | offload.rebuilt_views(annotated.problem, plan, nodes)
+    recomputed_names = {nodes[i].name for i in plan.recomputed | views.views} | offload.rebuilt_views(annotated.problem, plan, nodes)
     refreshed_names = {nodes[i].name for i in plan.refreshed}
     for name, rebuilt in _replay_dropouts(module.graph, nodes, plan).items():
         recomputed_names |= rebuilt
@@ -114,11 +113,11 @@ def _replay_dropouts(graph: fx.Graph, nodes: list[fx.Node], plan: Plan) -> dict[
 
 
 def _saved_nodes(annotated: AnnotatedGraph, plan: Plan, nodes: list[fx.Node],
-                 views: frozenset[int] = frozenset()) -> tuple[list[fx.Node], list[fx.Node]]:
-    """Kept values but ``views`` (made again in backward), plus the available inputs (parameters,
-    inputs, symbols) backward reads."""
+                 views: ViewsMadeAgain) -> tuple[list[fx.Node], list[fx.Node]]:
+    """Kept values but the views made again in backward, with their saved bases, plus the available
+    inputs (parameters, inputs, symbols) backward reads."""
     problem = annotated.problem
-    made_again = plan.recomputed | views
+    made_again = plan.recomputed | views.views
     needed = set(problem.backward_reads) | set(plan.kept)
     for i in made_again:
         needed.update(problem.values[i].inputs)
@@ -127,7 +126,7 @@ def _saved_nodes(annotated: AnnotatedGraph, plan: Plan, nodes: list[fx.Node],
         node = nodes[i]
         if is_symbolic(node.meta.get("val")):
             symbols.append(node)
-        elif i in plan.kept or node.op == "placeholder":
+        elif i in plan.kept or i in views.bases or node.op == "placeholder":
             tensors.append(node)  # constants (get_attr) are not passed: extraction copies them
     return tensors, symbols
 
