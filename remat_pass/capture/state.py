@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_leaves
 
-__all__ = ["untouched"]
+__all__ = ["untouched", "untouched_on_error"]
 
 
 def _cuda_devices(model: nn.Module, inputs: Any) -> list[int]:
@@ -39,3 +39,22 @@ def untouched(model: nn.Module, inputs: Any = ()) -> Iterator[None]:
         with torch.no_grad():
             for buffer, value in saved:
                 buffer.copy_(value)
+
+
+@contextlib.contextmanager
+def untouched_on_error(model: nn.Module, inputs: Any, errors: tuple[type[BaseException], ...]) -> Iterator[None]:
+    """As ``untouched``, but only where the block raises one of ``errors``: a block that returns keeps
+    what it did (a training call that is retried after such an error must see the state it saw)."""
+    devices = _cuda_devices(model, inputs)
+    generators = torch.get_rng_state(), [torch.cuda.get_rng_state(device) for device in devices]
+    saved = [(buffer, buffer.detach().clone()) for buffer in model.buffers()]
+    try:
+        yield
+    except errors:
+        torch.set_rng_state(generators[0])
+        for device, state in zip(devices, generators[1]):
+            torch.cuda.set_rng_state(state, device)
+        with torch.no_grad():
+            for buffer, value in saved:
+                buffer.copy_(value)
+        raise

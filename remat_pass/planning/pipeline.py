@@ -35,6 +35,7 @@ from ..capture.capture import JointGraph
 from ..annotate.costs import CostModel, DeviceProfile
 from ..errors import RematError
 from .fused_free import recompute_fused_free
+from .kept_cap import keeping_at_most
 from .progress import solving
 from ..rewrite.rewrite import rewrite
 from ..rewrite.simulate import simulate
@@ -119,6 +120,9 @@ class PlanOptions:
     # A refused peak budget's error states a minimum a probe of the trade-off curve found (off for the
     # Inductor fit's re-asked candidates: their refusal's minimum is never read; inductor_fit).
     probe_minimum: bool = True
+    # A piece of a step split at graph breaks keeps at most this for backward, what leaves the later
+    # pieces their lowest peaks (runtime.earlier_pieces; met by planning.kept_cap); None: no such bound.
+    kept_cap_bytes: int | None = None
 
 
 # --- the budget -------------------------------------------------------------------------------
@@ -411,7 +415,8 @@ def plan_joint_graph(joint: JointGraph, options: PlanOptions) -> PlannedGraph:
     store = getattr(options.plan_cache, "scratch_directory", None)  # beside the plans, where they are cached
     annotated = annotate(joint, options.device, free_inputs=options.free_inputs, costs=options.costs,
                          fused_prices=options.fused_prices, scratch_store=store)
-    planned = plan_problem(annotated.problem, options)
+    planned = keeping_at_most(options, plan_problem(annotated.problem, options),
+                              lambda lowered: plan_problem(annotated.problem, lowered))
     planned = replace(planned, plan=as_compiled(annotated, planned.plan))
     forward, backward = rewrite(annotated, planned.plan)
     result = reconcile(annotated, options, planned, forward, backward)

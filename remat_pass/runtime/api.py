@@ -27,6 +27,7 @@ from typing import Any, Mapping
 import torch
 from torch import nn
 
+from remat_pass import solvers
 from remat_pass.solvers.problem import Plan
 
 from ..planning.budget import parse_budget
@@ -37,14 +38,15 @@ from ..compat import (caching_precompile, checkpoint_side_effects_run_once, indu
 from ..annotate.costs import CostModel, DeviceProfile, model_profile
 from .distributed import reject_wrapped_model
 from .dynamo_backend import RematBackend
+from .earlier_pieces import PieceShares, Refused, bounds_the_step_peak, explain_refusal
 from ..errors import CaptureError, RematError
 from ..capture.frozen_objects import older_objects_frozen
 from ..capture.inputs import call_inputs, canonical, forward_signature
-from ..planning.pipeline import DEFAULT_BUDGET
+from ..planning.pipeline import DEFAULT_BUDGET, BudgetKind, resolve_budget_kind
 from .plan_cache import as_plan_cache
 from .precompiled_plans import plans_compiled_elsewhere, record_plans
 from .plan_keys import PlanKey, plan_key, replan_reason
-from ..capture.state import untouched
+from ..capture.state import untouched, untouched_on_error
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +107,7 @@ class RematModule(nn.Module):
     ) -> None:
         super().__init__()
         self.module = module
+        self._shares = PieceShares()  # the pieces' lowest peaks, learnt from refusals: kept across rebuilds
         self._settings = _Settings(budget, inner, solver, device, time_limit, budget_kind, offload, host_budget,
                                    dict(solver_options), fullgraph, dynamic, as_plan_cache(plan_cache), costs, prove)
         self._build()
@@ -115,7 +118,7 @@ class RematModule(nn.Module):
         self._plans: dict[PlanKey, Plan] = {}
         self._key_of: dict[int, PlanKey] = {}  # id(plan) -> the key of the call it was made for
         self._last_ran: tuple[Plan, ...] = ()  # the plans of the graph pieces the last call ran
-        self._calls = threading.local()  # .ran: the plans of the graphs this thread's call ran
+        self._calls = threading.local()  # .ran: the plans of the graphs this thread's call ran; .refused: a piece refused
         self._warmed_up = False  # one no_grad warm-up forward ran for a first-call lock or hooks
         self._asked_precompile = False  # a call ran no plan of ours (a precompiled step): its record read
         self._backend = RematBackend(
@@ -134,20 +137,42 @@ class RematModule(nn.Module):
         self.forward = functools.update_wrapper(functools.partial(RematModule._forward, self), self.module.forward)
 
     def _compile_graph(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        """The backend, plus a note of which plans each run of the compiled graph uses."""
+        """The backend, plus a note of which plans each run of the compiled graph uses. Where the
+        pieces' lowest peaks learnt since change what a peak budget leaves this graph
+        (``earlier_pieces``), it is planned and compiled again at its next run, from that run's inputs."""
+        piece = self._compile_piece(gm, example_inputs)
+        calls = self._calls
+
+        @functools.wraps(piece.compiled)  # keeps the calling convention flags (_boxed_call)
+        def run(*args: Any) -> Any:
+            nonlocal piece
+            if piece.learnt != len(self._shares.lowest):
+                piece = self._compile_piece(gm, list(args))
+            calls.ran = getattr(calls, "ran", ()) + piece.plans  # each piece of a call between graph breaks
+            return piece.compiled(*args)
+
+        return run
+
+    def _compile_piece(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> _CompiledPiece:
+        """``gm`` compiled by the backend beside the graphs this call ran before it (dynamo runs each
+        piece between graph breaks before it compiles the next): under a peak budget those are the
+        earlier pieces of the step."""
         first = len(self._backend.plans)
-        compiled = self._backend(gm, example_inputs)
+        calls = self._calls
+        earlier = getattr(calls, "ran", ())
+        beside = self._shares.beside(len({id(plan) for plan in earlier}), earlier)
+        learnt = len(self._shares.lowest)
+        try:
+            with self._backend.beside_other_pieces(beside):
+                compiled = self._backend(gm, example_inputs)
+        except solvers.BudgetInfeasibleError as error:
+            calls.refused = Refused(beside, error.min_bytes)
+            explain_refusal(error, self._backend.options, beside, self._shares)
+            raise
         plans = tuple(self._backend.plans[first:])
         if caching_precompile():  # a restart may run this step without us: say what it was planned under
             record_plans(self._settings.plan_cache, self.module, self._backend.options, plans)
-        calls = self._calls
-
-        @functools.wraps(compiled)  # keeps the calling convention flags (_boxed_call)
-        def run(*args: Any) -> Any:
-            calls.ran = getattr(calls, "ran", ()) + plans  # each piece of a call between graph breaks
-            return compiled(*args)
-
-        return run
+        return _CompiledPiece(compiled, plans, learnt)
 
     @property
     def plan(self) -> Plan | None:
@@ -170,8 +195,8 @@ class RematModule(nn.Module):
             return self.module(*args, **kwargs)  # no backward, nothing to plan
         args, kwargs = canonical(self._signature, args, kwargs)
         made_before = len(self._backend.plans)
-        self._calls.ran = ()
-        output = self._run_compiled(args, kwargs)
+        self._calls.ran, self._calls.refused = (), None
+        output = self._run_sharing_the_peak(args, kwargs)
         ran = self._calls.ran
         if not ran and not self._last_ran and not self._asked_precompile and caching_precompile():
             self._asked_precompile = True  # the step came from torch's precompile: remat_pass was not called
@@ -198,7 +223,27 @@ class RematModule(nn.Module):
         logger.info("%s: new plan (%d made so far): %s", type(self.module).__name__,
                     len(self._backend.plans), replan_reason(previous, key, self.module))
         if len(ran) > 1:
-            _warn_graph_breaks(self._settings.budget, len(ran))
+            _warn_graph_breaks(self._settings.budget, self._settings.budget_kind, len(ran))
+
+    def _run_sharing_the_peak(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The call; where it is the first and a later piece of the step was refused beside what the
+        earlier pieces keep (an absolute peak budget over a step split at graph breaks), the call
+        again from the same buffers and random-number state, every piece planned anew with that
+        piece's lowest peak reserved (``earlier_pieces``)."""
+        if self._backend.plans or not bounds_the_step_peak(self._backend.options):
+            return self._run_compiled(args, kwargs)
+        while True:
+            try:
+                with untouched_on_error(self.module, (args, kwargs), (solvers.BudgetInfeasibleError,)):
+                    return self._run_compiled(args, kwargs)
+            except solvers.BudgetInfeasibleError:
+                refused = self._calls.refused
+                if not self._shares.learn(refused, self._backend.options.budget.nbytes or 0):
+                    raise
+            logger.warning("piece %d of the step was refused beside the %d bytes the earlier pieces keep: planning "
+                           "the step again, %d bytes (its lowest peak) reserved for it", refused.beside.index + 1,
+                           refused.beside.held, refused.lowest)
+            self._calls.ran, self._calls.refused = (), None
 
     def _run_compiled(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
@@ -286,6 +331,16 @@ class RematModule(nn.Module):
         return repr(self._backend)
 
 
+@dataclass(frozen=True)
+class _CompiledPiece:
+    """One graph as compiled: the callable, the plans it runs, and how many of the pieces' lowest
+    peaks were known when it was planned (``earlier_pieces.PieceShares``)."""
+
+    compiled: Any
+    plans: tuple[Plan, ...]
+    learnt: int
+
+
 # What a model does once, on its first call, that dynamo cannot trace; a warm-up forward does it.
 _FIRST_CALL_SETUP = frozenset({CaptureCause.LOCK, CaptureCause.HOOK_INSTALL})
 
@@ -320,10 +375,15 @@ def _is_first_call_setup(error: CaptureError) -> bool:
     return diagnosis is not None and diagnosis.cause in _FIRST_CALL_SETUP
 
 
-def _warn_graph_breaks(budget: object, pieces: int) -> None:
+def _warn_graph_breaks(budget: object, budget_kind: str, pieces: int) -> None:
     """Pieces are planned one by one: say so, and what the budget then means."""
-    applies = ("each piece keeps that fraction of what it saves as given" if parse_budget(budget).fraction is not None
-               else "an absolute budget bounds each piece on its own, not their sum")
+    parsed = parse_budget(budget)
+    if parsed.fraction is not None:
+        applies = "each piece keeps that fraction of what it saves as given"
+    elif resolve_budget_kind(parsed, budget_kind) is BudgetKind.PEAK:
+        applies = "each piece's peak budget is what the earlier pieces' saved tensors leave of the budget"
+    else:
+        applies = "an absolute budget of saved bytes bounds each piece on its own, not their sum"
     logger.warning("the forward was captured in %d pieces (graph breaks); each piece is planned separately: %s. "
                    "TORCH_LOGS=graph_breaks shows where tracing broke", pieces, applies)
 

@@ -32,13 +32,14 @@ variables"), at each compile:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import threading
 import uuid
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import fx
@@ -57,6 +58,7 @@ from ..planning.loss_choice import Pin, choose_loss
 from ..compat import has_custom_partitioner
 from ..annotate.costs import CostModel, DeviceProfile, parse_costs
 from ..rewrite.offload import check_offload_options, parse_host_budget
+from .earlier_pieces import Beside, bounds_the_step_peak, left_for_piece
 from .inductor_fit import SamePlan, plan_identity
 from .peak_fitting import PeakFitting
 from .plan_cache import PlanCache, Refusal, Renewed, Unplanned, as_plan_cache, compiled_key
@@ -185,11 +187,25 @@ class RematBackend(PeakFitting):
         # .asked, .seen, .made, .answered (by Inductor's caches): one fitting attempt on this thread
         self._fitting = threading.local()
         self._choosing = threading.local()  # .pin, .strict: a candidate of the loss's chunking, this thread
+        self._step = threading.local()  # .beside: where optimize's graph compiled now stands in its step
+        self._warned_of_pieces = False
+
+    @contextlib.contextmanager
+    def beside_other_pieces(self, beside: Beside) -> Iterator[None]:
+        """Compile the graphs asked for in the block as a piece of a step split into pieces
+        (``optimize``'s call, at graph breaks): an absolute peak budget is what the other pieces
+        leave of it (``earlier_pieces``)."""
+        before = getattr(self._step, "beside", None)
+        self._step.beside = beside
+        try:
+            yield
+        finally:
+            self._step.beside = before
 
     def _options_now(self) -> PlanOptions:
         """The options of this plan: a fitting attempt's own peak budget (``inductor_fit``), a
         candidate of the loss's chunking (strict, its budget pinned: ``loss_choice``), or the user's."""
-        options = self.options
+        options = left_for_piece(self.options, getattr(self._step, "beside", None))
         if getattr(self._choosing, "strict", False):
             options = replace(options, on_infeasible=OnInfeasible.RAISE)
         if (pin := getattr(self._choosing, "pin", None)) is not None:
@@ -279,6 +295,23 @@ class RematBackend(PeakFitting):
             self._on_plan(plan)
 
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+        if getattr(self._step, "beside", None) is None:
+            self._warn_of_pieces()
+        return self._compile_graph(gm, example_inputs)
+
+    def _warn_of_pieces(self) -> None:
+        """Outside ``optimize`` nothing says which graphs run in one step: say once what a peak budget
+        then bounds."""
+        if self._warned_of_pieces or not self.plans or not bounds_the_step_peak(self.options):
+            return
+        self._warned_of_pieces = True
+        logger.warning("graph %d: the peak budget bounds each graph this backend compiles on its own; where graphs "
+                       "run in one step (graph breaks, blocks compiled apart) the tensors the earlier ones save for "
+                       "backward add to a later one's peak. remat_pass.optimize(model, budget, fullgraph=False) plans "
+                       "each piece within what the earlier pieces leave; TORCH_LOGS=graph_breaks shows the breaks",
+                       len(self.plans) + 1)
+
+    def _compile_graph(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
         with phase(f"capturing and planning graph {len(self.plans) + 1}", f"captured and planned graph "
                    f"{len(self.plans) + 1}"), older_objects_frozen(), program_stored_as_returned(gm) as settle:
             if self.fits_compiled_peak:
