@@ -161,6 +161,29 @@ def test_a_peak_budget_below_the_pieces_lowest_peaks_is_refused_untouched():
     assert model.norm.num_batches_tracked.item() == 0
 
 
+class BranchInLoop(nn.Module):
+    """A data-dependent branch inside the loop over the blocks: dynamo cannot resume there and runs the
+    whole forward eagerly, compiling nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Linear(64, 16)) for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = x + block(x)
+            if x.sum() > 0:
+                x = x * 2
+        return x
+
+
+def test_a_step_dynamo_runs_eagerly_is_an_error_not_a_budget_ignored():
+    torch.manual_seed(0)
+    optimized = remat_pass.optimize(BranchInLoop(), budget=0.5, fullgraph=False, plan_cache=False)
+    with pytest.raises(CaptureError, match="without compiling any graph.*the budget was not applied"):
+        optimized(torch.randn(4, 16))
+
+
 def test_dynamic_shapes_one_plan_for_every_length():
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=64, seq_len=32, layers=2, hidden=32, heads=2, dropout=0.0)

@@ -30,7 +30,6 @@ from torch import nn
 from remat_pass import solvers
 from remat_pass.solvers.problem import Plan
 
-from ..planning.budget import parse_budget
 from ..capture.capture import capture_failure
 from ..capture.capture_errors import CaptureCause, diagnose
 from ..compat import (caching_precompile, checkpoint_side_effects_run_once, inductor_cache_dir, recompile_limit,
@@ -38,11 +37,12 @@ from ..compat import (caching_precompile, checkpoint_side_effects_run_once, indu
 from ..annotate.costs import CostModel, DeviceProfile, model_profile
 from .distributed import reject_wrapped_model
 from .dynamo_backend import RematBackend
+from .graph_breaks import ran_eagerly, warn_graph_breaks, with_fullgraph_hint
 from .earlier_pieces import PieceShares, Refused, bounds_the_step_peak, explain_refusal
 from ..errors import CaptureError, RematError
 from ..capture.frozen_objects import older_objects_frozen
 from ..capture.inputs import call_inputs, canonical, forward_signature
-from ..planning.pipeline import DEFAULT_BUDGET, BudgetKind, resolve_budget_kind
+from ..planning.pipeline import DEFAULT_BUDGET
 from .plan_cache import as_plan_cache
 from .precompiled_plans import plans_compiled_elsewhere, record_plans
 from .plan_keys import PlanKey, plan_key, replan_reason
@@ -149,6 +149,7 @@ class RematModule(nn.Module):
             if piece.learnt != len(self._shares.lowest):
                 piece = self._compile_piece(gm, list(args))
             calls.ran = getattr(calls, "ran", ()) + piece.plans  # each piece of a call between graph breaks
+            calls.graphs = getattr(calls, "graphs", 0) + 1
             return piece.compiled(*args)
 
         return run
@@ -195,9 +196,11 @@ class RematModule(nn.Module):
             return self.module(*args, **kwargs)  # no backward, nothing to plan
         args, kwargs = canonical(self._signature, args, kwargs)
         made_before = len(self._backend.plans)
-        self._calls.ran, self._calls.refused = (), None
+        self._calls.ran, self._calls.refused, self._calls.graphs = (), None, 0
         output = self._run_sharing_the_peak(args, kwargs)
         ran = self._calls.ran
+        if not self._calls.graphs and not caching_precompile():
+            raise ran_eagerly(type(self.module).__name__)
         if not ran and not self._last_ran and not self._asked_precompile and caching_precompile():
             self._asked_precompile = True  # the step came from torch's precompile: remat_pass was not called
             ran = plans_compiled_elsewhere(self._settings.plan_cache, self.module, self._backend.options)
@@ -223,7 +226,7 @@ class RematModule(nn.Module):
         logger.info("%s: new plan (%d made so far): %s", type(self.module).__name__,
                     len(self._backend.plans), replan_reason(previous, key, self.module))
         if len(ran) > 1:
-            _warn_graph_breaks(self._settings.budget, self._settings.budget_kind, len(ran))
+            warn_graph_breaks(self._settings.budget, self._settings.budget_kind, len(ran))
 
     def _run_sharing_the_peak(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """The call; where it is the first and a later piece of the step was refused beside what the
@@ -243,7 +246,7 @@ class RematModule(nn.Module):
             logger.warning("piece %d of the step was refused beside the %d bytes the earlier pieces keep: planning "
                            "the step again, %d bytes (its lowest peak) reserved for it", refused.beside.index + 1,
                            refused.beside.held, refused.lowest)
-            self._calls.ran, self._calls.refused = (), None
+            self._calls.ran, self._calls.refused, self._calls.graphs = (), None, 0
 
     def _run_compiled(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
@@ -272,7 +275,7 @@ class RematModule(nn.Module):
                 raise cause.with_traceback(cause.__traceback__) from None
             raise backend_failure(cause) from error
         except torch._dynamo.exc.TorchDynamoException as error:
-            raise _with_fullgraph_hint(capture_failure(error), self._settings.fullgraph) from error
+            raise with_fullgraph_hint(capture_failure(error), self._settings.fullgraph) from error
         except AssertionError as error:  # torch's precompile fails some steps with a bare assertion
             if caching_precompile() and diagnose(error).cause is CaptureCause.PRECOMPILE:
                 raise capture_failure(error) from error
@@ -373,28 +376,6 @@ def backend_failure(cause: BaseException | None) -> RematError:
 def _is_first_call_setup(error: CaptureError) -> bool:
     diagnosis = getattr(error, "diagnosis", None)
     return diagnosis is not None and diagnosis.cause in _FIRST_CALL_SETUP
-
-
-def _warn_graph_breaks(budget: object, budget_kind: str, pieces: int) -> None:
-    """Pieces are planned one by one: say so, and what the budget then means."""
-    parsed = parse_budget(budget)
-    if parsed.fraction is not None:
-        applies = "each piece keeps that fraction of what it saves as given"
-    elif resolve_budget_kind(parsed, budget_kind) is BudgetKind.PEAK:
-        applies = "each piece's peak budget is what the earlier pieces' saved tensors leave of the budget"
-    else:
-        applies = "an absolute budget of saved bytes bounds each piece on its own, not their sum"
-    logger.warning("the forward was captured in %d pieces (graph breaks); each piece is planned separately: %s. "
-                   "TORCH_LOGS=graph_breaks shows where tracing broke", pieces, applies)
-
-
-def _with_fullgraph_hint(error: CaptureError, fullgraph: bool) -> CaptureError:
-    """The capture error (its ``diagnosis`` kept), plus the way round a graph break ``optimize`` has."""
-    diagnosis = getattr(error, "diagnosis", None)
-    if fullgraph and error.args and getattr(diagnosis, "cause", None) is not CaptureCause.PRECOMPILE:
-        error.args = (f"{error.args[0]}\nTo plan each piece between graph breaks instead, pass "
-                      "optimize(..., fullgraph=False).", *error.args[1:])
-    return error
 
 
 def optimize(

@@ -1,0 +1,46 @@
+"""What ``optimize`` says about graph breaks: what a budget means over the pieces, the way round a
+break, and a call dynamo ran without compiling anything (a frame skipped at a break it cannot
+resume after), which would otherwise train with the budget silently unapplied."""
+
+from __future__ import annotations
+
+import logging
+
+from ..capture.capture_errors import CaptureCause
+from ..errors import CaptureError
+from ..planning.budget import parse_budget
+from ..planning.pipeline import BudgetKind, resolve_budget_kind
+
+logger = logging.getLogger(__name__)
+
+
+def ran_eagerly(model: str) -> CaptureError:
+    """A training call dynamo ran without any compiled graph: nothing was planned, nothing kept to a budget."""
+    return CaptureError(
+        f"{model}: dynamo ran this training call without compiling any graph of it, so remat_pass planned nothing "
+        "and the step ran eagerly, keeping every activation: the budget was not applied. Dynamo skips a whole "
+        "frame where it cannot resume after a graph break (one inside a for or while loop, such as a data-dependent "
+        "`if` in the loop over the blocks); TORCH_LOGS=graph_breaks shows where. Make that code traceable (torch.where, "
+        "torch.cond), or move the break out of the loop.")
+
+
+def warn_graph_breaks(budget: object, budget_kind: str, pieces: int) -> None:
+    """Pieces are planned one by one: say so, and what the budget then means."""
+    parsed = parse_budget(budget)
+    if parsed.fraction is not None:
+        applies = "each piece keeps that fraction of what it saves as given"
+    elif resolve_budget_kind(parsed, budget_kind) is BudgetKind.PEAK:
+        applies = "each piece's peak budget is what the earlier pieces' saved tensors leave of the budget"
+    else:
+        applies = "an absolute budget of saved bytes bounds each piece on its own, not their sum"
+    logger.warning("the forward was captured in %d pieces (graph breaks); each piece is planned separately: %s. "
+                   "TORCH_LOGS=graph_breaks shows where tracing broke", pieces, applies)
+
+
+def with_fullgraph_hint(error: CaptureError, fullgraph: bool) -> CaptureError:
+    """The capture error (its ``diagnosis`` kept), plus the way round a graph break ``optimize`` has."""
+    diagnosis = getattr(error, "diagnosis", None)
+    if fullgraph and error.args and getattr(diagnosis, "cause", None) is not CaptureCause.PRECOMPILE:
+        error.args = (f"{error.args[0]}\nTo plan each piece between graph breaks instead, pass "
+                      "optimize(..., fullgraph=False).", *error.args[1:])
+    return error
