@@ -17,12 +17,16 @@ class BudgetInfeasibleError(RematError, ValueError):
     For saved bytes ("saved") ``min_bytes`` is proven (``min_feasible_bytes``). For the peak
     ("peak") it is the lowest peak the search found, which a plan it did not try might beat;
     ``proven_min_bytes``, when given, is a bound no plan can go below (e.g. the working set the
-    step needs whatever is kept), and the message says both.
+    step needs whatever is kept), and the message says both. ``lowest_kept_bytes``: what the plan
+    with that lowest peak keeps for backward, where known (a piece of a split step reserves it:
+    ``remat_pass.runtime.earlier_pieces``).
     """
 
     def __init__(self, budget_bytes: int, min_bytes: int, keep_all_bytes: int, kind: str = "saved", *,
-                 proven_min_bytes: int | None = None, input_bytes: int = 0) -> None:
+                 proven_min_bytes: int | None = None, input_bytes: int = 0,
+                 lowest_kept_bytes: int | None = None) -> None:
         self.budget_bytes = budget_bytes
+        self.lowest_kept_bytes = lowest_kept_bytes
         self.min_bytes = min_bytes
         self.keep_all_bytes = keep_all_bytes
         self.kind = kind

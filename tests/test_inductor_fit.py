@@ -54,6 +54,10 @@ class FakePlan:
     def __post_init__(self) -> None:
         object.__setattr__(self, "kept", frozenset({self.asked}))
 
+    @property
+    def kept_bytes(self) -> int:
+        return self.asked // 2  # a refusal says what its lowest-peaked plan keeps
+
 
 class Compiler:
     """A model of planning then compiling: ``measured(asked)`` is the compiled step's peak of the
@@ -161,6 +165,7 @@ def test_no_candidate_within_the_budget_is_a_refusal_with_the_lowest_measured_pe
         fit_peak(compiler, (), measure=compiler.measure)
     assert compiler.asked == [None, 500_000, 750_000, 875_000, 937_500, 906_250]
     assert refused.value.budget_bytes == B and refused.value.min_bytes == 1_812_500
+    assert refused.value.lowest_kept_bytes == 906_250 // 2  # what the lowest-peaked plan keeps
     assert refused.value.kind == "peak"
     with caplog.at_level(logging.WARNING, logger="remat_pass.runtime.inductor_fit"):
         clamped = fit_peak(Compiler(lambda asked: 2 * asked, floor=900_000), (), measure=compiler.measure, clamp=True)

@@ -91,16 +91,29 @@ def test_where_no_plan_keeps_within_the_cap_the_cap_as_peak_budget_is_refused():
     assert refused.value.budget_bytes == 500 and planner.asked[-1] == ("peak", 500)
 
 
-def test_the_pieces_shares_reserve_the_later_pieces_lowest_peaks():
-    from remat_pass.runtime.earlier_pieces import Beside, PieceShares, Refused, left_for_piece
+def test_the_pieces_shares_reserve_what_the_later_pieces_need():
+    from remat_pass.runtime.earlier_pieces import Beside, Lowest, PieceShares, Refused, left_for_piece
 
     shares = PieceShares()
-    assert not shares.learn(Refused(Beside(0, 0, 0), 400), 1000)  # nothing held: the piece alone cannot
-    assert shares.learn(Refused(Beside(1, 600, 0), 300), 1000)
-    assert not shares.learn(Refused(Beside(1, 200, 0), 300), 1000)  # known already: nothing to gain
-    assert not shares.learn(Refused(Beside(2, 500, 0), 800), 1000)  # the lowest peaks exceed the budget
+    assert not shares.learn(Refused(Beside(0, 0, 0), Lowest(400, 100)), 1000)  # nothing held: the piece alone cannot
+    assert shares.learn(Refused(Beside(2, 600, 0), Lowest(400, 150)), 1000)
+    assert shares.learn(Refused(Beside(1, 700, 0), Lowest(300, 100)), 1000)
+    assert not shares.learn(Refused(Beside(1, 200, 0), Lowest(300, 100)), 1000)  # known already: nothing to gain
+    # Piece 2 keeps 100 at its lowest peak, beside which piece 3 peaks at 400: piece 1 leaves 500, not
+    # the 700 of the two lowest peaks; piece 2 leaves piece 3 its 400.
+    assert (shares.reserved_after(0), shares.reserved_after(1), shares.reserved_after(2)) == (500, 400, 0)
+    assert not shares.learn(Refused(Beside(3, 500, 0), Lowest(800, 0)), 1000)  # then 100 + 150 + 800 > 1000
+    assert shares.reserved_after(-1) == 500
     first = shares.beside(0, [])
-    assert (first.held, first.reserved) == (0, 300)
+    assert (first.held, first.reserved) == (0, 500)
     options = left_for_piece(_options(1000, None), first)
-    assert options.budget.nbytes == 1000 and options.kept_cap_bytes == 700
+    assert options.budget.nbytes == 1000 and options.kept_cap_bytes == 500
     assert left_for_piece(PlanOptions(Budget(fraction=0.5)), first).kept_cap_bytes is None  # a fraction: each piece's own
+
+
+def test_a_refusal_says_what_its_lowest_peak_plan_keeps():
+    from remat_pass.runtime.earlier_pieces import Lowest
+
+    error = solvers.BudgetInfeasibleError(100, 400, 1000, kind="peak", lowest_kept_bytes=150)
+    assert Lowest.of(error) == Lowest(400, 150)
+    assert Lowest.of(solvers.BudgetInfeasibleError(100, 400, 1000, kind="peak")) == Lowest(400, 400)  # not known

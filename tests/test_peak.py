@@ -96,6 +96,8 @@ def test_infeasible_peak_budget_states_a_minimum_that_works():
     torch._dynamo.reset()
     optimized = remat_pass.optimize(model, budget=error.min_bytes, example_inputs=inputs)
     assert optimized.plan.predicted_peak_bytes <= error.min_bytes
+    # What that lowest-peaked plan keeps (a later piece of a split step reserves it): at most its peak.
+    assert error.lowest_kept_bytes is not None and 0 < error.lowest_kept_bytes <= error.min_bytes
 
 
 def test_bad_budget_kind_is_rejected():

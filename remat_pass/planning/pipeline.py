@@ -346,7 +346,8 @@ def _solve_one(problem: Problem, options: PlanOptions, budget: ResolvedBudget) -
             plan = solvers.solve(problem, budget.target_bytes, solver=solver, **extra)
         except solvers.BudgetInfeasibleError as error:
             raise solvers.BudgetInfeasibleError(
-                budget.budget_bytes, with_headroom(error.min_bytes), budget.reference_bytes, kind="peak") from None
+                budget.budget_bytes, with_headroom(error.min_bytes), budget.reference_bytes, kind="peak",
+                lowest_kept_bytes=error.lowest_kept_bytes) from None
         plan = replace(plan, budget_bytes=budget.budget_bytes)
     else:
         try:

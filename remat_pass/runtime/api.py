@@ -38,7 +38,7 @@ from ..annotate.costs import CostModel, DeviceProfile, model_profile
 from .distributed import reject_wrapped_model
 from .dynamo_backend import RematBackend
 from .graph_breaks import ran_eagerly, warn_graph_breaks, with_fullgraph_hint
-from .earlier_pieces import PieceShares, Refused, bounds_the_step_peak, explain_refusal
+from .earlier_pieces import Lowest, PieceShares, Refused, bounds_the_step_peak, explain_refusal
 from ..errors import CaptureError, RematError
 from ..capture.frozen_objects import older_objects_frozen
 from ..capture.inputs import call_inputs, canonical, forward_signature
@@ -167,7 +167,7 @@ class RematModule(nn.Module):
             with self._backend.beside_other_pieces(beside):
                 compiled = self._backend(gm, example_inputs)
         except solvers.BudgetInfeasibleError as error:
-            calls.refused = Refused(beside, error.min_bytes)
+            calls.refused = Refused(beside, Lowest.of(error))
             explain_refusal(error, self._backend.options, beside, self._shares)
             raise
         plans = tuple(self._backend.plans[first:])
@@ -245,7 +245,7 @@ class RematModule(nn.Module):
                     raise
             logger.warning("piece %d of the step was refused beside the %d bytes the earlier pieces keep: planning "
                            "the step again, %d bytes (its lowest peak) reserved for it", refused.beside.index + 1,
-                           refused.beside.held, refused.lowest)
+                           refused.beside.held, refused.lowest.peak)
             self._calls.ran, self._calls.refused, self._calls.graphs = (), None, 0
 
     def _run_compiled(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

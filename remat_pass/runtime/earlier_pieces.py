@@ -7,13 +7,16 @@ Given to each piece whole, a peak budget is broken by that sum: the 2-piece MLP 
 ``tests/test_pieces_and_shapes.py`` planned at 0.6 and 0.4 of eager's step peak measured 1.49 and
 1.47 of its budget (BatchNorm, dropout, the loss inside, ``inner="eager"``). So a piece
 peaks within the user's budget less what the earlier pieces of the call keep (``held``), and keeps
-at most that less the lowest peaks of the later pieces (``reserved``; ``planning.kept_cap``).
+at most that less what the later pieces need (``reserved``; ``planning.kept_cap``).
 
-The later pieces are not traced yet when an earlier one is planned, so their lowest peaks are
-learnt: a piece refused beside what the earlier ones keep records its lowest peak, and the first
-call is run again (its buffers and random-number state as before it), every piece planned anew
-at its next run. Each piece then leaves the later ones at least the sum of their lowest peaks,
-so each has at least its own. The bound is conservative: a value an earlier piece keeps and a
+The later pieces are not traced yet when an earlier one is planned, so what they need is learnt: a
+piece refused beside what the earlier ones keep records its lowest peak and what the plan with that
+peak keeps, and the first call is run again (its buffers and random-number state as before it),
+every piece planned anew at its next run. A piece reserves ``R = max(peak, kept + R')`` for the
+later ones, from the last back (``R'``: what the next one reserves): each later piece then has room
+to peak at its lowest beside what the pieces between it and this one keep, at most what they keep
+at theirs, so the known pieces fit any budget of at least the first piece's ``R``
+(``PieceShares.reserved_after(-1)``). The bound is conservative: a value an earlier piece keeps and a
 later one takes as its input is charged to both. ``plan()`` and ``explain`` plan the pieces as one
 problem instead (``planning.tracing``); a budget of saved bytes or a fraction bounds each piece on
 its own.
@@ -49,31 +52,55 @@ class Beside:
 
 
 @dataclass(frozen=True)
+class Lowest:
+    """The lowest peak found for a piece, and what the plan with that peak keeps for backward (the
+    peak itself where the refusal did not say)."""
+
+    peak: int
+    kept: int
+
+    @classmethod
+    def of(cls, error: solvers.BudgetInfeasibleError) -> Lowest:
+        kept = error.lowest_kept_bytes
+        return cls(error.min_bytes, min(kept, error.min_bytes) if kept is not None else error.min_bytes)
+
+
+@dataclass(frozen=True)
 class Refused:
-    """A piece refused under a shared peak budget: where it stood and the lowest peak found for it."""
+    """A piece refused under a shared peak budget: where it stood and its lowest peak."""
 
     beside: Beside
-    lowest: int
+    lowest: Lowest
 
 
 @dataclass
 class PieceShares:
     """The lowest peaks of the step's pieces learnt from their refusals, by place in the step."""
 
-    lowest: dict[int, int] = field(default_factory=dict)
+    lowest: dict[int, Lowest] = field(default_factory=dict)
 
     def beside(self, index: int, earlier: Iterable[Plan]) -> Beside:
-        """Where the piece compiled now stands, ``earlier`` the plans the call ran or compiled before it."""
-        return Beside(index, held_by(earlier), sum(peak for place, peak in self.lowest.items() if place > index))
+        """Where the piece compiled now stands, ``earlier`` the plans the call ran before it."""
+        return Beside(index, held_by(earlier), self.reserved_after(index))
+
+    def reserved_after(self, index: int) -> int:
+        """What piece ``index`` leaves the later pieces: ``R = max(peak, kept + R')`` from the last known
+        piece back (``R'`` the next one's), so that each later piece can peak at its lowest beside what
+        the pieces between keep at theirs; ``reserved_after(-1)`` is the budget every known piece fits."""
+        reserved = 0
+        for place in sorted((place for place in self.lowest if place > index), reverse=True):
+            reserved = max(self.lowest[place].peak, self.lowest[place].kept + reserved)
+        return reserved
 
     def learn(self, refused: Refused | None, budget_bytes: int) -> bool:
         """Record a later piece's refusal beside what earlier pieces keep; whether planning the step
-        again could then fit it (a piece not yet known, and the known lowest peaks within the budget)."""
+        again could then fit it (a piece not yet known, and the known pieces within the budget)."""
         if refused is None or refused.beside.held <= 0 or refused.beside.index in self.lowest:
             return False
-        if sum(self.lowest.values()) + refused.lowest > budget_bytes:
-            return False
         self.lowest[refused.beside.index] = refused.lowest
+        if self.reserved_after(-1) > budget_bytes:
+            del self.lowest[refused.beside.index]
+            return False
         return True
 
 
@@ -109,16 +136,17 @@ def explain_refusal(error: solvers.BudgetInfeasibleError, options: PlanOptions, 
     if beside is None or beside.others <= 0 or not bounds_the_step_peak(options):
         return
     assert options.budget.nbytes is not None
-    lowest = {**shares.lowest, beside.index: error.min_bytes}
-    known = ", ".join(f"piece {place + 1}: {peak}" for place, peak in sorted(lowest.items()))
+    known = PieceShares({**shares.lowest, beside.index: Lowest.of(error)})
+    found = ", ".join(f"piece {place + 1}: {lowest.peak} keeping {lowest.kept}"
+                      for place, lowest in sorted(known.lowest.items()))
     because = (f"This is piece {beside.index + 1} of a step split at graph breaks: the earlier pieces keep "
                f"{beside.held} bytes for their backward, alive through its forward and backward, and "
                f"{beside.reserved} are reserved for the later pieces' lowest peaks, so it had "
                f"{max(options.budget.nbytes - beside.held, 1)} of the {options.budget.nbytes}-byte peak budget to peak "
-               f"in and {max(options.budget.nbytes - beside.others, 1)} to keep. Planned in turn, the pieces fit any "
-               f"budget of at least the sum of their lowest peaks (found so far: {known}; {sum(lowest.values())} "
-               "bytes together); without the graph breaks (fullgraph=True says where they are) the step is planned "
-               "as one graph.")
+               f"in and {max(options.budget.nbytes - beside.others, 1)} to keep. Planned in turn, the pieces found so "
+               f"far fit any budget of at least {known.reserved_after(-1)} bytes (their lowest peaks and what those "
+               f"plans keep: {found}); without the graph breaks (fullgraph=True says where they are) the step is "
+               "planned as one graph.")
     text = error.args[0]
     piece_share = f"Pass budget={error.min_bytes} or more."
     error.args = (text.replace(piece_share, because) if piece_share in text else f"{text} {because}",)

@@ -316,14 +316,15 @@ def _choose(candidates: list[Candidate], target: int | None,
     if not candidates:
         assert refusal is not None
         raise refusal
-    lowest = min(c.measured_bytes for c in candidates)
+    best = min(candidates, key=lambda c: c.measured_bytes)
+    lowest = best.measured_bytes
     if clamp:
-        best = min(candidates, key=lambda c: c.measured_bytes)
         logger.warning("the peak budget (%s bytes) is infeasible for this graph compiled by Inductor; "
                        "on_infeasible='clamp': running the lowest-peaked plan measured, %d bytes", target, lowest)
         return best
     keep_all = refusal.keep_all_bytes if refusal is not None else candidates[0].plan.predicted_peak_bytes or lowest
-    error = solvers.BudgetInfeasibleError(target or 0, lowest, keep_all, kind="peak")
+    error = solvers.BudgetInfeasibleError(target or 0, lowest, keep_all, kind="peak",
+                                          lowest_kept_bytes=best.plan.kept_bytes)
     error.args = (f"{error.args[0]} (Measured: {len(candidates)} candidate plans compiled by Inductor, each step run "
                   "once; the lowest is theirs. inner='eager' runs the unfused program, whose peak the planner "
                   "models exactly, and may fit where Inductor's fused one does not.)",)

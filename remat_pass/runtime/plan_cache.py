@@ -188,16 +188,18 @@ class Refusal:
     proven_min_bytes: int | None
     input_bytes: int
     message: str
+    lowest_kept_bytes: int | None = None
 
     @classmethod
     def of(cls, error: BudgetInfeasibleError) -> "Refusal":
         return cls(error.budget_bytes, error.min_bytes, error.keep_all_bytes, error.kind, error.proven_min_bytes,
-                   error.input_bytes, str(error.args[0]) if error.args else "")
+                   error.input_bytes, str(error.args[0]) if error.args else "", error.lowest_kept_bytes)
 
     def error(self) -> BudgetInfeasibleError:
         """The refusal raised again, its message as it was."""
         error = BudgetInfeasibleError(self.budget_bytes, self.min_bytes, self.keep_all_bytes, self.kind,
-                                      proven_min_bytes=self.proven_min_bytes, input_bytes=self.input_bytes)
+                                      proven_min_bytes=self.proven_min_bytes, input_bytes=self.input_bytes,
+                                      lowest_kept_bytes=self.lowest_kept_bytes)
         error.args = (self.message,)
         return error
 

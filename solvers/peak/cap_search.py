@@ -165,3 +165,10 @@ class CapSearch:
             else:
                 cap = (fits_at + over_at) // 2
         self.overshooting_cap = over_at if fits_at is not None and over_at is not None else None
+
+
+def refusal(budget_bytes: int, candidates: list[Candidate], keep_all_peak_bytes: int) -> BudgetInfeasibleError:
+    """The refusal of a peak budget: the lowest peak among ``candidates``, and what that plan keeps."""
+    lowest = min(candidates, key=lambda c: c.memory.peak_bytes)
+    return BudgetInfeasibleError(budget_bytes, lowest.memory.peak_bytes, keep_all_peak_bytes, kind="peak",
+                                 lowest_kept_bytes=lowest.plan.kept_bytes)

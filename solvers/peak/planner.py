@@ -57,7 +57,6 @@ from .. import baselines, clock
 from ..mip.solve import resolve_backend
 from ..mip.keep_model import rounding_for, time_weights, weights_for
 from ..mip.run_keep import solve_once
-from ..errors import BudgetInfeasibleError
 from .exact_rows import ExactRowPlaces, exact_backend_for
 from .local_search import improve
 from ..analysis.memory import PlanMemory, peak_step_alive, simulate_plan
@@ -66,7 +65,7 @@ from .fit_overshoot import fit_cheaper
 from .multiple_recompute import refresh_lowest
 from .rows import PeakRows, cuts_at
 from .cap_repair_rows import plans_from_cap
-from .cap_search import Candidate, CapSearch
+from .cap_search import Candidate, CapSearch, refusal
 from .schedule_bound import any_schedule_bound_by, saved_bytes_floor
 from ..problem import Plan, Problem
 from ..registry import Decision, planner
@@ -210,16 +209,14 @@ def solve_peak(
         bound = max((b for b in (bound, more) if b is not None), default=None)
     fitting = [c for c in search.candidates if c.memory.peak_bytes <= budget_bytes]
     if not fitting and not probe_minimum:
-        lowest = min(c.memory.peak_bytes for c in search.candidates)
-        raise BudgetInfeasibleError(budget_bytes, lowest, keep_all_memory.peak_bytes, kind="peak")
+        raise refusal(budget_bytes, search.candidates, keep_all_memory.peak_bytes)
     if not fitting:
         # The stated minimum must itself work when tried, so it comes from a fixed probe of
         # the trade-off curve that every failing search repeats, not from this budget's search.
         probes = search.probe()
         fitting = [c for c in probes if c.memory.peak_bytes <= budget_bytes]
         if not fitting:
-            lowest = min(c.memory.peak_bytes for c in probes)
-            raise BudgetInfeasibleError(budget_bytes, lowest, keep_all_memory.peak_bytes, kind="peak")
+            raise refusal(budget_bytes, probes, keep_all_memory.peak_bytes)
     best = min(fitting, key=_rank)
     bound = None if best.plan.refreshed else bound  # the rows hold each recomputed value across its reads
     gap = relative_gap(best.plan.predicted_extra_seconds, bound)

@@ -65,7 +65,7 @@ def main() -> None:
         torch.manual_seed(0)
         model, x = Stages(stages), torch.randn(512, 128)
         eager = step_peak(model, model, x)
-        for fraction in (0.7, 0.6, 0.5, 0.4):
+        for fraction in (0.7, 0.6, 0.5, 0.4, 0.3):
             budget = int(fraction * eager)
             optimized = remat_pass.optimize(model, budget=budget, budget_kind="peak", fullgraph=False, inner=args.inner,
                                             plan_cache=False)
