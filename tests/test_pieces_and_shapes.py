@@ -184,6 +184,17 @@ def test_a_step_dynamo_runs_eagerly_is_an_error_not_a_budget_ignored():
         optimized(torch.randn(4, 16))
 
 
+def test_a_frame_past_dynamos_recompile_limit_is_an_error_not_a_budget_ignored():
+    """Past the limit dynamo runs the frame eagerly without raising where graph breaks are allowed."""
+    torch.manual_seed(0)
+    inputs = torch.randn(4, 16)
+    with torch._dynamo.config.patch(recompile_limit=1):
+        remat_pass.optimize(DataDependent(), budget=0.5, fullgraph=False, plan_cache=False)(inputs)
+        second = remat_pass.optimize(DataDependent(), budget=0.5, fullgraph=False, plan_cache=False)
+        with pytest.raises(CaptureError, match="recompile limit"):
+            second(inputs)
+
+
 def test_dynamic_shapes_one_plan_for_every_length():
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=64, seq_len=32, layers=2, hidden=32, heads=2, dropout=0.0)

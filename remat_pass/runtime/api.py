@@ -161,7 +161,7 @@ class RematModule(nn.Module):
         first = len(self._backend.plans)
         calls = self._calls
         earlier = getattr(calls, "ran", ())
-        beside = self._shares.beside(len({id(plan) for plan in earlier}), earlier)
+        beside = self._shares.beside(len(earlier), earlier)
         learnt = len(self._shares.lowest)
         try:
             with self._backend.beside_other_pieces(beside):

@@ -105,8 +105,9 @@ class PieceShares:
 
 
 def held_by(plans: Iterable[Plan]) -> int:
-    """Bytes the ``plans`` (of earlier pieces, each counted once) keep on the device for backward."""
-    return sum(plan.kept_bytes for plan in {id(plan): plan for plan in plans}.values())
+    """Bytes the ``plans`` of the earlier pieces keep on the device for backward (one per run: a graph
+    the call ran twice holds two sets of saved tensors)."""
+    return sum(plan.kept_bytes for plan in plans)
 
 
 def bounds_the_step_peak(options: PlanOptions) -> bool:

@@ -15,13 +15,16 @@ logger = logging.getLogger(__name__)
 
 
 def ran_eagerly(model: str) -> CaptureError:
-    """A training call dynamo ran without any compiled graph: nothing was planned, nothing kept to a budget."""
+    """A training call dynamo ran without any compiled graph: nothing was planned, nothing kept to a budget
+    (the benchmark of benchmarks/results/graph_breaks/ met it as the 8th optimize of one model class)."""
     return CaptureError(
         f"{model}: dynamo ran this training call without compiling any graph of it, so remat_pass planned nothing "
-        "and the step ran eagerly, keeping every activation: the budget was not applied. Dynamo skips a whole "
-        "frame where it cannot resume after a graph break (one inside a for or while loop, such as a data-dependent "
-        "`if` in the loop over the blocks); TORCH_LOGS=graph_breaks shows where. Make that code traceable (torch.where, "
-        "torch.cond), or move the break out of the loop.")
+        "and the step ran eagerly, keeping every activation: the budget was not applied. Dynamo runs a whole frame "
+        "eagerly where it cannot resume after a graph break (one inside a for or while loop, such as a data-dependent "
+        "`if` in the loop over the blocks: make it traceable with torch.where or torch.cond, or move it out of the "
+        "loop), and once the frame reached its recompile limit (torch._dynamo.config.recompile_limit: each new input "
+        "signature, and each optimize() of a model of the same class, compiles the same code again; "
+        "torch._dynamo.reset() forgets those compiles). TORCH_LOGS=graph_breaks,recompiles shows which.")
 
 
 def warn_graph_breaks(budget: object, budget_kind: str, pieces: int) -> None:

@@ -67,6 +67,7 @@ def main() -> None:
         eager = step_peak(model, model, x)
         for fraction in (0.7, 0.6, 0.5, 0.4, 0.3):
             budget = int(fraction * eager)
+            torch._dynamo.reset()  # each row compiles the same code again: keep under dynamo's recompile limit
             optimized = remat_pass.optimize(model, budget=budget, budget_kind="peak", fullgraph=False, inner=args.inner,
                                             plan_cache=False)
             try:
