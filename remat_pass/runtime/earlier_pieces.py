@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Beside:
     """Where a piece stands in its step: its place (0 first), the bytes the earlier pieces keep for
-    their backward, and the lowest peaks reserved for the later ones."""
+    their backward, and what it reserves for the later ones (``PieceShares.reserved_after``)."""
 
     index: int = 0
     held: int = 0
@@ -117,7 +117,7 @@ def bounds_the_step_peak(options: PlanOptions) -> bool:
 
 def left_for_piece(options: PlanOptions, beside: Beside | None) -> PlanOptions:
     """``options`` with an absolute peak budget lowered by what the earlier pieces keep, and what the
-    piece may keep capped so that the later pieces' lowest peaks fit beside it (``planning.kept_cap``);
+    piece may keep capped so that what the later pieces need fits beside it (``planning.kept_cap``);
     at least 1 byte is left, so that a piece with nothing left is refused with its own minimum."""
     if beside is None or beside.others <= 0 or not bounds_the_step_peak(options):
         return options
@@ -126,7 +126,7 @@ def left_for_piece(options: PlanOptions, beside: Beside | None) -> PlanOptions:
     cap = max(left - beside.reserved, 1) if beside.reserved else None
     logger.info("piece %d of the step: the earlier pieces keep %d of the %d-byte peak budget, %d left for it%s",
                 beside.index + 1, beside.held, options.budget.nbytes, left,
-                "" if cap is None else f", and it keeps at most {cap} (the later pieces' lowest peaks reserved)")
+                "" if cap is None else f", and it keeps at most {cap} (what the later pieces need reserved)")
     return replace(options, budget=Budget(nbytes=left), budget_kind=BudgetKind.PEAK, kept_cap_bytes=cap)
 
 
@@ -142,7 +142,7 @@ def explain_refusal(error: solvers.BudgetInfeasibleError, options: PlanOptions, 
                       for place, lowest in sorted(known.lowest.items()))
     because = (f"This is piece {beside.index + 1} of a step split at graph breaks: the earlier pieces keep "
                f"{beside.held} bytes for their backward, alive through its forward and backward, and "
-               f"{beside.reserved} are reserved for the later pieces' lowest peaks, so it had "
+               f"{beside.reserved} are reserved for what the later pieces need, so it had "
                f"{max(options.budget.nbytes - beside.held, 1)} of the {options.budget.nbytes}-byte peak budget to peak "
                f"in and {max(options.budget.nbytes - beside.others, 1)} to keep. Planned in turn, the pieces found so "
                f"far fit any budget of at least {known.reserved_after(-1)} bytes (their lowest peaks and what those "
