@@ -18,8 +18,8 @@ class BudgetInfeasibleError(RematError, ValueError):
     ("peak") it is the lowest peak the search found, which a plan it did not try might beat;
     ``proven_min_bytes``, when given, is a bound no plan can go below (e.g. the working set the
     step needs whatever is kept), and the message says both. ``lowest_kept_bytes``: what the plan
-    with that lowest peak keeps for backward, where known (a piece of a split step reserves it:
-    ``remat_pass.runtime.earlier_pieces``).
+    with that lowest peak keeps for backward, where known (a caller that plans the pieces of one step
+    in turn reserves it for this graph).
     """
 
     def __init__(self, budget_bytes: int, min_bytes: int, keep_all_bytes: int, kind: str = "saved", *,

@@ -121,7 +121,7 @@ class PlanOptions:
     # Inductor fit's re-asked candidates: their refusal's minimum is never read; inductor_fit).
     probe_minimum: bool = True
     # A piece of a step split at graph breaks keeps at most this for backward, what leaves the later
-    # pieces their lowest peaks (runtime.earlier_pieces; met by planning.kept_cap); None: no such bound.
+    # pieces what they need (runtime.earlier_pieces; met by planning.kept_cap); None: no such bound.
     kept_cap_bytes: int | None = None
 
 
