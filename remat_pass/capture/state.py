@@ -31,30 +31,37 @@ def _cuda_devices(model: nn.Module, inputs: Any) -> list[int]:
 def untouched(model: nn.Module, inputs: Any = ()) -> Iterator[None]:
     """Within the block, run ``model`` on ``inputs`` (any pytree) freely; on exit, even on error,
     restore the RNG state and every buffer of ``model``."""
-    saved = [(buffer, buffer.detach().clone()) for buffer in model.buffers()]
+    saved = _buffer_values(model)
     try:
         with torch.random.fork_rng(devices=_cuda_devices(model, inputs)):
             yield
     finally:
-        with torch.no_grad():
-            for buffer, value in saved:
-                buffer.copy_(value)
+        _put_back(saved)
 
 
 @contextlib.contextmanager
 def untouched_on_error(model: nn.Module, inputs: Any, errors: tuple[type[BaseException], ...]) -> Iterator[None]:
     """As ``untouched``, but only where the block raises one of ``errors``: a block that returns keeps
-    what it did (a training call that is retried after such an error must see the state it saw)."""
+    what it did (a training call that is retried after such an error must see the state it saw), so
+    the generators are saved and set here rather than by ``fork_rng``, which always restores."""
     devices = _cuda_devices(model, inputs)
-    generators = torch.get_rng_state(), [torch.cuda.get_rng_state(device) for device in devices]
-    saved = [(buffer, buffer.detach().clone()) for buffer in model.buffers()]
+    cpu, cuda = torch.get_rng_state(), [torch.cuda.get_rng_state(device) for device in devices]
+    saved = _buffer_values(model)
     try:
         yield
     except errors:
-        torch.set_rng_state(generators[0])
-        for device, state in zip(devices, generators[1]):
+        torch.set_rng_state(cpu)
+        for device, state in zip(devices, cuda):
             torch.cuda.set_rng_state(state, device)
-        with torch.no_grad():
-            for buffer, value in saved:
-                buffer.copy_(value)
+        _put_back(saved)
         raise
+
+
+def _buffer_values(model: nn.Module) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(buffer, buffer.detach().clone()) for buffer in model.buffers()]
+
+
+def _put_back(saved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    with torch.no_grad():
+        for buffer, value in saved:
+            buffer.copy_(value)

@@ -5,8 +5,11 @@ forward and backward, so besides its own peak it must leave the later pieces roo
 (``runtime.earlier_pieces``): ``PlanOptions.kept_cap_bytes``. The peak planners bound one
 quantity; the other is met from outside. A plan over the cap is planned again at a peak budget
 lowered by its excess (lowering the peak by some bytes lowers what can be kept by about as
-many), a few times; then at the cap itself as the peak budget, which bounds what is kept too
-(every kept value is alive when backward begins, so it counts in the peak).
+many), a few times and never below the lowest peak a refusal found; then the least recompute that
+keeps within the cap (the cap as a budget of saved bytes), if its predicted peak fits; else the cap
+itself as the peak budget, which bounds what is kept too (every kept value is alive when backward
+begins, so it counts in the peak). Each try is one more plan of the piece, paid only where a later
+piece's needs were learnt (``earlier_pieces``).
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 Dynamo splits a step at graph breaks (``optimize(..., fullgraph=False)``); the pieces are compiled,
 planned and run in turn, so a piece's forward and backward run while every earlier piece of the
 same step still holds what it saved for its own backward (backward runs the pieces in reverse).
-Given to each piece whole, a peak budget is broken by that sum: the 2-piece MLP stack of
-``tests/test_pieces_and_shapes.py`` planned at 0.6 and 0.4 of eager's step peak measured 1.49 and
-1.47 of its budget (BatchNorm, dropout, the loss inside, ``inner="eager"``). So a piece
+Given to each piece whole, a peak budget is broken by that sum: 2- and 3-piece MLP stacks at 0.3-0.7
+of eager's peak measured 1.43-2.50 times their budget, eager and Inductor
+(``benchmarks/results/graph_breaks/``; ``tests/test_pieces_and_shapes.py`` checks the step's peak). So a piece
 peaks within the user's budget less what the earlier pieces of the call keep (``held``), and keeps
 at most that less what the later pieces need (``reserved``; ``planning.kept_cap``).
 
