@@ -1,5 +1,5 @@
 """optimize beyond one static graph: graph breaks (``fullgraph=False``: every piece planned) and
-dynamic shapes (``dynamic=True``: one plan for every length)."""
+dynamic shapes (``dynamic=True``: one plan for every length, a peak budget fitted on Inductor too)."""
 
 from __future__ import annotations
 
@@ -215,3 +215,21 @@ def test_dynamic_shapes_one_plan_for_every_length():
         if length == 16:  # planned at the first call's shape: the fraction holds there
             assert actual.saved_bytes <= optimized.plan.kept_bytes <= 0.5 * optimized.plan.keep_all_bytes
     assert len(plans) == 1 and len(optimized._backend.plans) == 1
+
+
+def test_a_peak_budget_on_inductor_is_fitted_with_dynamic_shapes():
+    """Dynamo gives a graph compiled for dynamic shapes its sizes as ``SymInt`` example inputs; the fit
+    measured each candidate with them as given, which Inductor's code read as a negative size
+    ("Expected result >= 0"): the first dynamic recompile of a peak-budgeted step failed."""
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=64, seq_len=32, layers=2, hidden=32, heads=2, dropout=0.0)
+    model = GPT(config)
+    optimized = remat_pass.optimize(model, budget="4MB", budget_kind="peak", inner="inductor", dynamic=True)
+    for length in (16, 24):
+        tokens, targets = torch.randint(0, 64, (2, length)), torch.randint(0, 64, (2, length))
+
+        def loss(logits, *_inputs, targets=targets):
+            return lm_loss(logits, targets)
+
+        assert_same_step(run_step(model, optimized, (tokens,), loss), eager_reference(model, (tokens,), loss))
+    assert optimized.plan.budget_bytes == 4_000_000

@@ -40,6 +40,8 @@ from torch.utils._pytree import tree_leaves
 from remat_pass import solvers
 from remat_pass.solvers.problem import STEP_IN_FORWARDS, Plan
 
+from ..compat import concrete_int
+
 from .measure import allocator_peak
 
 logger = logging.getLogger(__name__)
@@ -119,7 +121,10 @@ def _device(inputs: Sequence[Any]) -> torch.device:
 def measure_step_peak(compiled: Callable[..., Any], inputs: Sequence[Any]) -> int | None:
     """The activation peak of one forward and backward of ``compiled`` on ``inputs`` (allocator
     bytes above what was live before, the input gradients it returns left out); None when no
-    output needs a gradient (nothing to fit)."""
+    output needs a gradient (nothing to fit). A graph compiled for dynamic shapes is given its sizes
+    as ``SymInt`` example inputs: it runs at their hints, the sizes Dynamo compiled it for (a
+    ``SymInt`` passed as it is reads as garbage: a negative size)."""
+    inputs = [concrete_int(x) if isinstance(x, torch.SymInt) else x for x in inputs]
     wants = [x for x in inputs if isinstance(x, torch.Tensor) and x.requires_grad]
     gradients: list[torch.Tensor] = []
     found_backward = []
