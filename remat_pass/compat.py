@@ -103,11 +103,9 @@ def checkpoint_side_effects_run_once() -> Iterator[None]:
     (``kernels``) sets and resets a context variable in every attention forward, so every
     ``gradient_checkpointing_enable()`` layer was a graph break. Older torch lacks the flag.
 
-    Entered on every training call of an ``optimize``d module, so it must cost little:
-    ``config.patch`` builds a class per use (~50 us a call on a CPU, 2% of a small model's
-    compiled step), so the setting is made with the config's own low-overhead patcher
-    (``_make_closure_patcher``, the one dynamo uses on its own hot path), or not at all when it
-    is already on.
+    Entered on every training call, so it must cost little: ``config.patch`` builds a class per use
+    (~50 us a call on a CPU, 2% of a small model's step), so the config's own closure patcher is used
+    (the one dynamo uses on its hot path), or nothing when the flag is already on.
     """
     import torch._dynamo.config
 
@@ -137,6 +135,17 @@ def _side_effects_patcher(config: Any) -> Callable[[], Callable[[], None]] | Non
         make = getattr(config, "_make_closure_patcher", None)
         _PATCHERS[key] = make(**{_SIDE_EFFECTS_FLAG: True}) if make is not None else None
     return _PATCHERS[key]
+
+
+def compiling_frame() -> int | None:
+    """The id of the frame dynamo is compiling now (``CompileId.frame_id``, private): the same for every
+    recompile of one frame (new shapes, eval), another for a graph break's resume; None if unknown."""
+    try:
+        from torch._guards import CompileContext
+
+        return getattr(CompileContext.current_compile_id(), "frame_id", None)
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def last_recompile_reason() -> str | None:
@@ -369,9 +378,8 @@ def autograd_inside_kernel() -> Iterator[None]:
 
 @contextlib.contextmanager
 def quiet_profiler_switch() -> Iterator[None]:
-    """Descriptor 2 at the null device meanwhile: torch 2.13's kineto writes "USDT: ... profiler_start /
-    profiler_stop" there at each start and stop (~80 lines on a GPT-2's first call). Its own switch,
-    ``KINETO_LOG_LEVEL``, would change the user's profiling too; a user who set it sees what they asked."""
+    """Descriptor 2 at the null device meanwhile: torch 2.13's kineto writes "USDT: ..." there at each
+    profiler start and stop (~80 lines on a GPT-2's first call); a user who set ``KINETO_LOG_LEVEL`` sees it."""
     if "KINETO_LOG_LEVEL" in os.environ:
         yield
         return
@@ -407,11 +415,8 @@ def running_quietly(prof: Any) -> Iterator[Any]:
 def allocator_events(prof: Any, device_type: str) -> list[tuple[int, int, int]]:
     """(time ns, address, signed bytes) of the allocator events ``prof`` recorded on ``device_type``.
 
-    ``prof`` is a finished ``torch.profiler.profile(profile_memory=True)``. Events come from the
-    profiler's event tree (private: ``kineto_results.experimental_event_tree``). Events with the
-    same timestamp keep their pre-order position in the tree, which is the order they happened
-    in (a parent op's allocation before its children's, siblings in turn); sorting by time alone,
-    or visiting the tree in any other order, can put a free before the allocation it follows.
+    ``prof``: a finished ``torch.profiler.profile(profile_memory=True)``; events from its tree (private:
+    ``experimental_event_tree``), one timestamp's in tree pre-order (the order they happened in).
     """
     from torch._C._profiler import _EventType
 
@@ -434,20 +439,15 @@ _CUDA_TRACE_ENTRIES = 10_000_000  # the allocator's history ring; a step makes f
 
 
 def cuda_allocator_events(fn: Callable[[], T], device: torch.device) -> tuple[T, list[tuple[int, int, int]]]:
-    """``fn()``'s result and the CUDA caching allocator's (index, address, signed bytes) events on
-    ``device`` during it, in the order the allocator made them.
+    """``fn()``'s result and the CUDA allocator's (index, address, signed bytes) events on ``device``.
 
-    The profiler's event tree misses the frees made on the autograd engine's CUDA thread (on an
-    H200 it put eager's activation peak at 1.75x ``max_memory_allocated``), so on CUDA the
-    allocator's own history is read instead (private: ``torch.cuda.memory._record_memory_history``
-    and ``_snapshot``). A block is counted when allocated and when its free completes (when
-    ``memory_allocated`` drops); frees of blocks allocated before the call are left out, so the
-    timeline starts at 0 as on the CPU.
+    The profiler's event tree misses frees made on autograd's CUDA thread (on an H200 it put eager's
+    peak at 1.75x ``max_memory_allocated``), so the allocator's history is read (private:
+    ``torch.cuda.memory._record_memory_history``, ``_snapshot``): a block counts when allocated and when
+    its free completes; frees of blocks allocated before the call are left out (the timeline starts at 0).
 
-    Recording is switched on for the call and off after it, unless the user's own recording was on
-    (``_cuda_history_enabled``): it then stays on, with torch's default tracebacks (torch does not say
-    which options were set) and a ring of ``_CUDA_TRACE_ENTRIES``; call ``_record_memory_history`` again
-    to set others. (A torch without the check, none known, gets the recording switched off after.)
+    Recording is on for the call and off after it, unless the user's own was on (``_cuda_history_enabled``):
+    it stays on then, with torch's default tracebacks and a ring of ``_CUDA_TRACE_ENTRIES``.
     """
     from torch.cuda import memory as cuda_memory
 
@@ -492,9 +492,9 @@ def _allocator_trace_events(trace: list[dict[str, Any]]) -> list[tuple[int, int,
 
 
 __all__ = [
-    "CustomGraphPass", "PartitionerBase", "get_hash_for_files", "aot_cache_bundles_graphs", "allocator_events", "autograd_inside_kernel", "concrete_int", "cuda_allocator_events",
-    "donated_buffers_scope", "extract_fwd_bwd_modules", "fake_tensor_mode", "forget_compiled", "has_custom_partitioner",
-    "inductor_cache_dir", "is_fake", "is_symbolic", "is_view_op", "stop_donating_buffers",
-    "real_tensors", "recompile_limit", "recompile_limit_errors", "storable_graph_compiler",
-    "use_boxed_codegen",
+    "CustomGraphPass", "PartitionerBase", "allocator_events", "aot_cache_bundles_graphs", "autograd_inside_kernel",
+    "compiling_frame", "concrete_int", "cuda_allocator_events", "donated_buffers_scope", "extract_fwd_bwd_modules",
+    "fake_tensor_mode", "forget_compiled", "get_hash_for_files", "has_custom_partitioner", "inductor_cache_dir",
+    "is_fake", "is_symbolic", "is_view_op", "real_tensors", "recompile_limit", "recompile_limit_errors",
+    "stop_donating_buffers", "storable_graph_compiler", "use_boxed_codegen",
 ]

@@ -145,6 +145,17 @@ def test_the_backend_says_a_peak_budget_bounds_each_of_its_graphs_on_its_own(cap
     assert any("bounds each graph this backend compiles on its own" in r.getMessage() for r in caplog.records)
 
 
+def test_the_backend_does_not_take_a_recompile_for_a_second_piece(caplog):
+    """A recompile of one frame (a new batch size) runs instead of the first graph, not beside it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
+    caplog.set_level(logging.WARNING, logger="remat_pass")
+    compiled = torch.compile(model, backend=remat_pass.backend(budget="100MB", inner="eager", plan_cache=False))
+    for rows in (256, 128):
+        compiled(torch.randn(rows, 64)).square().mean().backward()
+    assert not any("bounds each graph" in r.getMessage() for r in caplog.records)
+
+
 def test_a_peak_budget_below_the_pieces_lowest_peaks_is_refused_untouched():
     """Just over the first piece's own lowest peak, the pieces together cannot fit: the refusal says
     what the other pieces take, and the refused calls leave BatchNorm's statistics untouched."""

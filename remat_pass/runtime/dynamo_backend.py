@@ -55,7 +55,7 @@ from ..capture.precompiled import program_stored_as_returned
 from ..capture.loss_chunking import (ChunkLoss, LossGradients, as_chunk_loss, chunk_for_budget, chunkable,
                                      chunking_extra_flops, would_split)
 from ..planning.loss_choice import Pin, choose_loss
-from ..compat import has_custom_partitioner
+from ..compat import compiling_frame, has_custom_partitioner
 from ..annotate.costs import CostModel, DeviceProfile, parse_costs
 from ..rewrite.offload import check_offload_options, parse_host_budget
 from .earlier_pieces import Beside, bounds_the_step_peak, left_for_piece
@@ -189,6 +189,7 @@ class RematBackend(PeakFitting):
         self._choosing = threading.local()  # .pin, .strict: a candidate of the loss's chunking, this thread
         self._step = threading.local()  # .beside: where optimize's graph compiled now stands in its step
         self._warned_of_pieces = False
+        self._frames: set[int] = set()  # dynamo's frames compiled here (``compat.compiling_frame``)
 
     @contextlib.contextmanager
     def beside_other_pieces(self, beside: Beside) -> Iterator[None]:
@@ -301,8 +302,13 @@ class RematBackend(PeakFitting):
 
     def _warn_of_pieces(self) -> None:
         """Outside ``optimize`` nothing says which graphs run in one step: say once what a peak budget
-        then bounds."""
-        if self._warned_of_pieces or not self.plans or not bounds_the_step_peak(self.options):
+        then bounds, at a graph of a frame not compiled before (a graph break's resume, another
+        function); a recompile of a frame (new shapes, eval) runs instead of its graph, not beside it."""
+        frame = compiling_frame()
+        recompiled = frame is not None and frame in self._frames
+        if frame is not None:
+            self._frames.add(frame)
+        if recompiled or self._warned_of_pieces or not self.plans or not bounds_the_step_peak(self.options):
             return
         self._warned_of_pieces = True
         logger.warning("graph %d: the peak budget bounds each graph this backend compiles on its own; where graphs "
