@@ -83,7 +83,7 @@ def _before_calls() -> contextlib.AbstractContextManager[Any]:
     """The per-call behaviours as before: the flag set by ``config.patch``, every call bound."""
     from remat_pass.runtime import api
 
-    return mock.patch.multiple(api, checkpoint_side_effects_run_once=_patched_per_call, canonical=_always_bound)
+    return mock.patch.multiple(api, capture_config=_patched_per_call, canonical=_always_bound)
 
 
 def _before(before: str) -> contextlib.AbstractContextManager[Any]:

@@ -91,49 +91,49 @@ _SIDE_EFFECTS_FLAG = "skip_fwd_side_effects_in_bwd_under_checkpoint"
 
 
 @contextlib.contextmanager
-def checkpoint_side_effects_run_once() -> Iterator[None]:
-    """Let dynamo trace a checkpoint region whose forward mutates Python state from outside it.
+def capture_config() -> Iterator[None]:
+    """Dynamo's settings while remat_pass captures a step as one graph.
 
-    Eager ``torch.utils.checkpoint`` replays a region's Python side effects when it recomputes
-    the region in backward, so dynamo refuses such a region ("HOP: Unsafe side effect") and
-    breaks the graph there, unless ``skip_fwd_side_effects_in_bwd_under_checkpoint`` says the
-    side effects run once. remat_pass recomputes graph ops only, never Python code, so under it
-    every region's Python side effects run once per step anyway; this just stops dynamo from
-    breaking the graph over it. Needed since transformers 5.2x: its hub-kernel wrapper
-    (``kernels``) sets and resets a context variable in every attention forward, so every
-    ``gradient_checkpointing_enable()`` layer was a graph break. Older torch lacks the flag.
+    ``skip_fwd_side_effects_in_bwd_under_checkpoint``: dynamo breaks the graph at a checkpoint region
+    whose forward mutates outside state, which eager replays in backward; remat_pass recomputes graph ops
+    only, so side effects run once anyway (transformers 5.2x's hub-kernel wrapper sets a context
+    variable in every attention forward: each ``gradient_checkpointing_enable()`` layer was a break).
 
-    Entered on every training call, so it must cost little: ``config.patch`` builds a class per use
-    (~50 us a call on a CPU, 2% of a small model's step), so the config's own closure patcher is used
-    (the one dynamo uses on its hot path), or nothing when the flag is already on.
+    Hugging Face's ``Logger.warning_once`` (transformers sets it on ``logging.Logger``) is ignored: dynamo
+    cannot trace a logger call, and GPT-2 given ``labels`` makes this one in forward (its ``loss_type`` is
+    unset), so ``optimize`` refused it. Its message is not printed then, as under ``torch.export``.
+
+    Entered on every training call: the closure patcher, as ``config.patch`` costs ~50 us (2% of a small step).
     """
     import torch._dynamo.config
 
     config = torch._dynamo.config
-    if not hasattr(config, _SIDE_EFFECTS_FLAG) or getattr(config, _SIDE_EFFECTS_FLAG):
-        yield
-        return
-    patcher = _side_effects_patcher(config)
-    if patcher is None:
-        with config.patch(**{_SIDE_EFFECTS_FLAG: True}):
+    changes: dict[str, Any] = {}
+    if hasattr(config, _SIDE_EFFECTS_FLAG) and not getattr(config, _SIDE_EFFECTS_FLAG):
+        changes[_SIDE_EFFECTS_FLAG] = True
+    name = next((n for n in ("ignore_logging_functions", "ignore_logger_methods") if hasattr(config, n)), "")
+    once, ignored = getattr(logging.Logger, "warning_once", None), getattr(config, name, None)
+    if once is not None and isinstance(ignored, set) and once not in ignored:
+        changes[name] = ignored | {once}
+    patcher = _patcher(config, changes) if changes else None
+    revert = patcher() if patcher is not None else None
+    with config.patch(**changes) if changes and revert is None else contextlib.nullcontext():
+        try:
             yield
-        return
-    revert = patcher()
-    try:
-        yield
-    finally:
-        revert()
+        finally:
+            if revert is not None:
+                revert()
 
 
-_PATCHERS: dict[int, Callable[[], Callable[[], None]] | None] = {}
+_PATCHERS: dict[tuple[int, frozenset[Any]], Callable[[], Callable[[], None]] | None] = {}
 
 
-def _side_effects_patcher(config: Any) -> Callable[[], Callable[[], None]] | None:
-    """The config's closure patcher setting the flag on (made once), None where torch lacks it."""
-    key = id(config)
+def _patcher(config: Any, changes: dict[str, Any]) -> Callable[[], Callable[[], None]] | None:
+    """The config's closure patcher making ``changes`` (one per distinct change), None where torch lacks it."""
+    key = (id(config), frozenset((k, frozenset(v) if isinstance(v, set) else v) for k, v in changes.items()))
     if key not in _PATCHERS:
         make = getattr(config, "_make_closure_patcher", None)
-        _PATCHERS[key] = make(**{_SIDE_EFFECTS_FLAG: True}) if make is not None else None
+        _PATCHERS[key] = make(**changes) if make is not None else None
     return _PATCHERS[key]
 
 
@@ -492,9 +492,9 @@ def _allocator_trace_events(trace: list[dict[str, Any]]) -> list[tuple[int, int,
 
 
 __all__ = [
-    "CustomGraphPass", "PartitionerBase", "allocator_events", "aot_cache_bundles_graphs", "autograd_inside_kernel",
-    "compiling_frame", "concrete_int", "cuda_allocator_events", "donated_buffers_scope", "extract_fwd_bwd_modules",
+    "allocator_events", "aot_cache_bundles_graphs", "autograd_inside_kernel", "capture_config", "compiling_frame",
+    "concrete_int", "cuda_allocator_events", "CustomGraphPass", "donated_buffers_scope", "extract_fwd_bwd_modules",
     "fake_tensor_mode", "forget_compiled", "get_hash_for_files", "has_custom_partitioner", "inductor_cache_dir",
-    "is_fake", "is_symbolic", "is_view_op", "real_tensors", "recompile_limit", "recompile_limit_errors",
-    "stop_donating_buffers", "storable_graph_compiler", "use_boxed_codegen",
+    "is_fake", "is_symbolic", "is_view_op", "PartitionerBase", "real_tensors", "recompile_limit",
+    "recompile_limit_errors", "stop_donating_buffers", "storable_graph_compiler", "use_boxed_codegen",
 ]

@@ -258,8 +258,8 @@ def test_wav2vec2_failures_point_into_the_model_and_the_advice_works():
     assert optimized.plan.kept_bytes <= 0.5 * optimized.plan.keep_all_bytes
 
 
-class _RouterLoss(nn.Module):
-    """A Mixtral-style causal LM returning its loss, with the router's auxiliary loss asked for."""
+class _OwnLoss(nn.Module):
+    """A causal LM returning its own loss (``labels=`` its inputs): Mixtral's with the router's auxiliary loss."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
@@ -282,7 +282,7 @@ def test_mixtral_with_router_logits_is_warmed_up_and_captured_whole():
                            num_attention_heads=4, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
                            max_position_embeddings=32, use_cache=False, attn_implementation="sdpa",
                            output_router_logits=True, bos_token_id=0, eos_token_id=1, pad_token_id=None)
-    model, tokens = _RouterLoss(MixtralForCausalLM(config).train()), torch.randint(0, 128, (2, 16))
+    model, tokens = _OwnLoss(MixtralForCausalLM(config).train()), torch.randint(0, 128, (2, 16))
     loss = lambda out, *_: out  # noqa: E731
     expected = eager_reference(model, (tokens,), loss)
     optimized = remat_pass.optimize(model, budget=0.5)
@@ -318,3 +318,20 @@ def test_a_step_torchs_precompile_cannot_save_says_so():
     assert error.diagnosis.cause is CaptureCause.PRECOMPILE, message
     assert "Unset TORCH_CACHING_PRECOMPILE" in message
     assert "graph_breaks" not in message and "fullgraph=False" not in message
+
+
+def test_hugging_faces_warning_once_in_forward_is_no_graph_break():
+    """GPT-2 given labels, as a user builds it from a config: its ``loss_type`` is unset, so its loss
+    function calls ``logger.warning_once`` in forward, which dynamo cannot trace; ``optimize`` refused it."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=2, n_head=2, resid_pdrop=0.0,
+                        embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=1)
+    model, tokens = _OwnLoss(GPT2LMHeadModel(config).train()), torch.randint(0, 64, (2, 16))
+    assert model.model.loss_type is None
+    loss = lambda out, *_: out  # noqa: E731
+    expected = eager_reference(model, (tokens,), loss)
+    optimized = remat_pass.optimize(model, budget=0.5)
+    assert_same_step(run_step(model, optimized, (tokens,), loss), expected)
+    assert len(optimized.pieces) == 1

@@ -225,7 +225,7 @@ USER_LOGGER = logging.getLogger("remat_pass_tests.user_model")
 
 
 class LogsInForward(nn.Module):
-    """Like Hugging Face models that call ``logger.warning_once`` in forward (GPT-2 given labels)."""
+    """A logging call in forward (optimize leaves only Hugging Face's ``warning_once`` untraced itself)."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -19,7 +19,7 @@ from torch._dynamo.utils import counters
 
 import remat_pass
 from remat_pass.capture.inputs import canonical
-from remat_pass.compat import checkpoint_side_effects_run_once
+from remat_pass.compat import capture_config
 
 from .models import make_case
 
@@ -49,15 +49,26 @@ def _train_step(module, inputs, loss_fn):
 @needs_flag
 def test_the_checkpoint_flag_is_on_inside_and_restored_after():
     assert getattr(dynamo_config, FLAG) is False
-    with checkpoint_side_effects_run_once():
+    with capture_config():
         assert getattr(dynamo_config, FLAG) is True
-        with checkpoint_side_effects_run_once():  # already on: nothing to change
+        with capture_config():  # already on: nothing to change
             assert getattr(dynamo_config, FLAG) is True
         assert getattr(dynamo_config, FLAG) is True
     assert getattr(dynamo_config, FLAG) is False
-    with pytest.raises(ValueError), checkpoint_side_effects_run_once():
+    with pytest.raises(ValueError), capture_config():
         raise ValueError("restored on the way out of an error too")
     assert getattr(dynamo_config, FLAG) is False
+
+
+def test_hugging_faces_warning_once_is_ignored_inside_and_restored_after():
+    import logging
+
+    pytest.importorskip("transformers")  # it sets Logger.warning_once
+    before = set(dynamo_config.ignore_logger_methods)
+    with capture_config():
+        assert logging.Logger.warning_once in dynamo_config.ignore_logger_methods
+        assert before <= dynamo_config.ignore_logger_methods
+    assert dynamo_config.ignore_logger_methods == before
 
 
 @needs_flag

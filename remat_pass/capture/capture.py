@@ -31,7 +31,7 @@ from .cached_compile import CompiledPlans
 from .eager_compile import compile_eager
 from .frozen_objects import older_objects_frozen
 from .inductor_compile import compile_with_inductor
-from ..compat import checkpoint_side_effects_run_once, has_custom_partitioner, is_fake
+from ..compat import capture_config, has_custom_partitioner, is_fake
 from ..errors import CaptureError
 from .state import untouched
 
@@ -197,7 +197,7 @@ def capture(model: torch.nn.Module, example_inputs: Sequence[Any],
     compiled = torch.compile(model, backend=make_dynamo_backend(record, chunk_loss=chunk_loss), dynamic=False)
     try:
         with untouched(model, (example_inputs, example_kwargs)), torch.enable_grad(), \
-                checkpoint_side_effects_run_once(), older_objects_frozen():
+                capture_config(), older_objects_frozen():
             compiled(*example_inputs, **(example_kwargs or {}))
     except torch._dynamo.exc.TorchDynamoException as error:
         raise capture_failure(error) from error

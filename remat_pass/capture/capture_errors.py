@@ -111,8 +111,9 @@ _RULES: tuple[_Rule, ...] = (
     _Rule(
         CaptureCause.LOGGING,
         re.compile(r"\blog(ger|ging)\b|warning_once|warnings\.warn", re.IGNORECASE),
-        "forward logs or warns (e.g. Hugging Face's `logger.warning_once`): add the method to "
-        "`torch._dynamo.config.ignore_logger_methods`, or avoid the argument that triggers the message.",
+        "forward logs or warns (`logger.warning(...)`; remat_pass leaves only Hugging Face's `warning_once` "
+        "untraced): add the method to `torch._dynamo.config.ignore_logger_methods` (dynamo then drops the call), "
+        "or avoid what triggers the message.",
     ),
     _Rule(
         CaptureCause.NO_FAKE_IMPL,

@@ -32,7 +32,7 @@ from remat_pass.solvers.problem import Plan
 
 from ..capture.capture import capture_failure
 from ..capture.capture_errors import CaptureCause, diagnose
-from ..compat import (caching_precompile, checkpoint_side_effects_run_once, inductor_cache_dir, recompile_limit,
+from ..compat import (caching_precompile, capture_config, inductor_cache_dir, recompile_limit,
                       recompile_limit_errors)
 from ..annotate.costs import CostModel, DeviceProfile, model_profile
 from .distributed import reject_wrapped_model
@@ -267,7 +267,7 @@ class RematModule(nn.Module):
 
     def _call_compiled(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         try:
-            with checkpoint_side_effects_run_once():
+            with capture_config():
                 return self._compiled(*args, **kwargs)
         except torch._dynamo.exc.BackendCompilerFailed as error:
             cause = getattr(error, "inner_exception", None) or error.__cause__
