@@ -119,3 +119,33 @@ def test_a_peak_budget_says_when_the_loss_is_outside_the_plan(caplog):
     with caplog.at_level(logging.WARNING, logger="remat_pass.planning.pipeline"):
         remat_pass.optimize(with_loss, budget=0.9, budget_kind="peak", example_inputs=(tokens, targets))
     assert "not a scalar loss" not in caplog.text
+
+
+
+class _LossAndLogits(torch.nn.Module):
+    """Returns the loss and the logits it was computed from, as a Hugging Face model given labels does."""
+
+    def __init__(self, gpt: torch.nn.Module) -> None:
+        super().__init__()
+        self.gpt = gpt
+
+    def forward(self, tokens, targets):
+        from remat_pass.examples import lm_loss
+
+        logits = self.gpt(tokens)
+        return lm_loss(logits, targets), logits
+
+
+def test_a_loss_returned_beside_its_logits_is_inside_the_plan(caplog):
+    import logging
+
+    import remat_pass
+
+    from .models import GPT, tiny_gpt_config
+
+    torch.manual_seed(0)
+    model = _LossAndLogits(GPT(tiny_gpt_config()))
+    tokens, targets = torch.randint(0, 64, (2, 16)), torch.randint(0, 64, (2, 16))
+    with caplog.at_level(logging.WARNING, logger="remat_pass.planning.pipeline"):
+        remat_pass.optimize(model, budget=0.9, budget_kind="peak", example_inputs=(tokens, targets))
+    assert "not a scalar loss" not in caplog.text

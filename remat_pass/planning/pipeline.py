@@ -284,15 +284,31 @@ def _warn_if_the_loss_is_outside(problem: Problem, budget: ResolvedBudget) -> No
     peak 26-28% over the budget, because the loss's own tensors (its softmax, the logits'
     gradient) come on top of what the planned graph holds.
     """
-    if budget.kind is not BudgetKind.PEAK:
+    if budget.kind is not BudgetKind.PEAK or not problem.forward_outputs:
         return
     # The largest output: buffers a step updates (BatchNorm's statistics) are outputs too, but small.
-    output_bytes = max((problem.storage_bytes[problem.values[i].storage] for i in problem.forward_outputs), default=0)
-    if output_bytes > max(_LOSS_OUTPUT_BYTES, budget.budget_bytes // 100):
+    largest = max(problem.forward_outputs, key=lambda i: problem.storage_bytes[problem.values[i].storage])
+    output_bytes = problem.storage_bytes[problem.values[largest].storage]
+    if output_bytes > max(_LOSS_OUTPUT_BYTES, budget.budget_bytes // 100) and not _loss_made_from(problem, largest):
         logger.warning("the peak budget covers this graph (%s) only: its output (%d bytes) is not a scalar "
                        "loss, so a loss computed from it outside adds its own memory on top (about the "
                        "output's size again, or more). Compile the loss with the model to bound the whole step.",
                        describe_piece(problem), output_bytes)
+
+
+def _loss_made_from(problem: Problem, largest: int) -> bool:
+    """Whether a one-number output (8 bytes at most) is computed from ``largest`` in the graph: a loss
+    the model returns beside its logits (Hugging Face given ``labels``), which the budget then covers."""
+    small = [i for i in problem.forward_outputs if problem.storage_bytes[problem.values[i].storage] <= 8]
+    seen, stack = set(small), list(small)
+    while stack:
+        for parent in problem.values[stack.pop()].inputs:
+            if parent == largest:
+                return True
+            if parent not in seen:
+                seen.add(parent)
+                stack.append(parent)
+    return False
 
 
 def describe_piece(modules: Problem | list[str]) -> str:
