@@ -295,6 +295,18 @@ def _time_limit(seconds: float | None) -> str:
     return "remat_pass's default" if seconds is None else f"{seconds:g} s"
 
 
+def keep_all_floor(rows: Sequence[Row], model: str) -> dict[str, float]:
+    """Per point, the incumbent's default step (torch.compile keeping every activation) over the point's
+    incumbent step: the least ``time × incumbent`` a remat row there could reach on a step bound by its
+    work, as no plan runs less than keeping everything (medians from each point's own rounds)."""
+    steps = {r["point"]: r.get("step_ms") for r in rows
+             if r["model"] == model and r.get("family") == "incumbent" and r.get("status") == "ok"}
+    keep_all = steps.get(DEFAULT)
+    if not isinstance(keep_all, (int, float)):
+        return {}
+    return {point: keep_all / ms for point, ms in steps.items() if point != DEFAULT and isinstance(ms, (int, float))}
+
+
 def markdown(rows: Sequence[Row], meta: dict[str, Any]) -> str:
     """One table per model, each point's incumbent followed by remat at its peak."""
     lines = [f"Command: `{meta['command']}`", "",
@@ -305,6 +317,11 @@ def markdown(rows: Sequence[Row], meta: dict[str, Any]) -> str:
     for model in dict.fromkeys(r["model"] for r in rows):
         lines += [f"**{model}**", "", "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
         lines += ["| " + " | ".join(_cells(r)) + " |" for r in rows if r["model"] == model]
+        floor = keep_all_floor(rows, model)
+        if floor:
+            lines += ["", "Keeping everything, over the incumbent's step (the least time × incumbent a plan can "
+                      "reach where the step is bound by its work): "
+                      + ", ".join(f"{point} {ratio:.2f}" for point, ratio in floor.items())]
         lines.append("")
     flagged = sorted({r["model"] for r in rows if r.get("flops_below_eager")})
     if flagged:

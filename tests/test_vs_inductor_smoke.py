@@ -53,6 +53,9 @@ def test_rows_carry_peaks_flops_times_and_gradients(tmp_path):
         assert incumbent["grad_vs_eager_scaled"] <= vs.GRAD_TOLERANCE
     markdown = (tmp_path / "vs_inductor.md").read_text()
     assert "| remat[eager]@0.05 |" in markdown and "torch 1.0 (default)" in markdown
+    floor = vs.keep_all_floor(rows, rows[0]["model"])
+    assert floor == {"0.05": by_row["inductor:default"]["step_ms"] / by_row["inductor:0.05"]["step_ms"]}
+    assert f"0.05 {floor['0.05']:.2f}" in markdown
 
 
 def test_a_refusal_is_a_row_with_the_smallest_budget(tmp_path):
