@@ -246,3 +246,31 @@ def test_resnet_benchmark_step_stays_within_a_tight_peak_budget():
                                         survivors=lambda: [p.grad for p in model.parameters()])
     assert measured <= budget
     assert abs(optimized.plan.predicted_peak_bytes - measured) <= 0.01 * measured
+
+
+def test_an_op_reading_its_forwards_workspace_is_estimated_not_run(monkeypatch):
+    """``mkldnn_rnn_layer_backward`` run on made-up inputs (its workspace among them) crashed the
+    process while an ``nn.LSTM`` under ``allow_rnn`` was annotated: such ops are never run."""
+    from torch import fx
+
+    from remat_pass.annotate import scratch as scratch_module
+
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("a kernel that reads its forward's workspace ran on made-up inputs")
+
+    monkeypatch.setattr(scratch_module, "_measure", refuse)
+    op = aten.mkldnn_rnn_layer_backward.default
+    graph = fx.Graph()
+    args = []
+    for argument in op._schema.arguments:
+        if "Tensor" in str(argument.type):
+            node = graph.placeholder(argument.name)
+            node.meta["val"] = torch.zeros(2, 2)
+            args.append(node)
+        else:
+            args.append({"bool": False, "int": 1, "int[]": []}.get(str(argument.type), None))
+    rnn_backward = graph.call_function(op, tuple(args))
+    assert scratch_module._reads_opaque_state(rnn_backward)
+    assert scratch_module._measure_or_estimate(rnn_backward, ()) == (estimated_scratch_bytes(rnn_backward), False)
+    matmul = graph.call_function(aten.mm.default, (args[0], args[1]))
+    assert not scratch_module._reads_opaque_state(matmul)

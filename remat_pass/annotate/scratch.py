@@ -24,7 +24,8 @@ new process measures nothing again):
   the outputs it returns;
 * **estimated** (``estimated_scratch_bytes``: measured ratios, CPU and CUDA) where nothing can run:
   tensors on the meta device, a step traced from fake tensors (``plan`` on a meta model that does
-  not fit here: ``kernel_scratch(..., estimate=True)``), or a failed run.
+  not fit here: ``kernel_scratch(..., estimate=True)``), an op that reads a workspace or reserve its
+  forward left (``_reads_opaque_state``), or a failed run.
 
 Which ops run (``_measurable``): all but views, mutations, collectives, ops whose output
 depends on data, and pointwise ops that write their output directly (one that first casts an
@@ -151,7 +152,8 @@ def estimated_scratch_bytes(node: fx.Node) -> int:
     Convolution forward: twice the larger of input and output, plus the weight (CPU: about the
     input plus the weight; cuDNN: up to twice the input). Backward: twice the larger of input and
     output gradient, plus the weight (both). Batch norm backward, dropout forward and backward
-    (CPU): one tensor the size of the input. Every other op: 0.
+    (CPU): one tensor the size of the input (any batch norm backward: cuDNN's too, not measured
+    where it reads its reserve). Every other op: 0.
     """
     name = node.target.overloadpacket.__name__ if isinstance(node.target, torch._ops.OpOverload) else ""
     if name.startswith("chunked_linear_cross_entropy"):
@@ -161,7 +163,7 @@ def estimated_scratch_bytes(node: fx.Node) -> int:
         return 2 * max(tensors[0], _bytes(node)) + tensors[1]
     if name == "convolution_backward":
         return 2 * max(tensors[0], tensors[1]) + tensors[2]
-    if name in ("native_batch_norm_backward", "native_dropout", "native_dropout_backward"):
+    if name.endswith("batch_norm_backward") or name in ("native_dropout", "native_dropout_backward"):
         return tensors[0]
     return 0
 
@@ -204,6 +206,14 @@ def _measurable(node: fx.Node) -> bool:
         i.dtype != outputs[0].dtype and i.dim() > 0 for i in inputs)
 
 
+def _reads_opaque_state(node: fx.Node) -> bool:
+    """Whether the op reads a workspace or reserve its forward kernel left for it (RNN and batch norm
+    backwards): made-up contents are not a valid state, and CPU ``mkldnn_rnn_layer_backward`` run on
+    them crashed the process (an ``nn.LSTM`` under ``allow_rnn``; its fake workspace is empty, so
+    sizes do not tell). Such ops are estimated."""
+    return any("workspace" in a.name.lower() or "reserve" in a.name.lower() for a in node.target._schema.arguments)
+
+
 def _configuration(node: fx.Node) -> str:
     """What the scratch can depend on: the op, each tensor's layout and device, other arguments."""
 
@@ -222,7 +232,7 @@ def _configuration(node: fx.Node) -> str:
 def _measure_or_estimate(node: fx.Node, uncounted: tuple[bool, ...]) -> tuple[int, bool]:
     """The scratch, and whether it was measured (an estimate is not stored on disk)."""
     devices = {t.device for t in _tensor_args(node)}
-    if not devices or any(d.type == "meta" for d in devices):
+    if not devices or any(d.type == "meta" for d in devices) or _reads_opaque_state(node):
         return estimated_scratch_bytes(node), False
     try:
         return _measure(node, next(d for d in devices if d.type != "cpu") if len(devices) > 1 else devices.pop(),
