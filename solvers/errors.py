@@ -19,12 +19,13 @@ class BudgetInfeasibleError(RematError, ValueError):
     ``proven_min_bytes``, when given, is a bound no plan can go below (e.g. the working set the
     step needs whatever is kept), and the message says both. ``lowest_kept_bytes``: what the plan
     with that lowest peak keeps for backward, where known (a caller that plans the pieces of one step
-    in turn reserves it for this graph).
+    in turn reserves it for this graph). ``headroom_bytes``: what the caller adds to every planned peak
+    (the message says so where that puts the minimum above the un-rematerialized step's peak).
     """
 
     def __init__(self, budget_bytes: int, min_bytes: int, keep_all_bytes: int, kind: str = "saved", *,
                  proven_min_bytes: int | None = None, input_bytes: int = 0,
-                 lowest_kept_bytes: int | None = None) -> None:
+                 lowest_kept_bytes: int | None = None, headroom_bytes: int = 0) -> None:
         self.budget_bytes = budget_bytes
         self.lowest_kept_bytes = lowest_kept_bytes
         self.min_bytes = min_bytes
@@ -37,6 +38,9 @@ class BudgetInfeasibleError(RematError, ValueError):
             floor = ("" if proven_min_bytes is None else
                      f" No plan can peak below {proven_min_bytes} bytes; between the two, a plan may exist that "
                      "the search did not find.")
+            if headroom_bytes and min_bytes > keep_all_bytes:
+                floor += (f" Every peak budget keeps {headroom_bytes} bytes of headroom for the runtime's own small "
+                          "tensors, more than this graph could give up.")
             message = (
                 f"no plan found whose simulated peak fits the budget of {budget_bytes} bytes: the lowest peak "
                 f"remat_pass found for this graph is {min_bytes} bytes ({fraction:.4f} of the {keep_all_bytes}-byte "

@@ -149,3 +149,17 @@ def test_a_loss_returned_beside_its_logits_is_inside_the_plan(caplog):
     with caplog.at_level(logging.WARNING, logger="remat_pass.planning.pipeline"):
         remat_pass.optimize(model, budget=0.9, budget_kind="peak", example_inputs=(tokens, targets))
     assert "not a scalar loss" not in caplog.text
+
+
+def test_a_peak_budget_at_a_tiny_graphs_own_peak_names_the_headroom():
+    """A graph smaller than the peak budget's headroom cannot be planned at its own peak: the refusal's
+    minimum is above the un-rematerialized peak, and the message says why instead of leaving it a riddle."""
+    import remat_pass
+    from remat_pass import BudgetInfeasibleError
+
+    torch.manual_seed(0)
+    model, x = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()), torch.randn(4, 8)
+    own_peak = remat_pass.plan(model, (x,), budget=10**9, budget_kind="peak", plan_cache=False).predicted_peak_bytes
+    with pytest.raises(BudgetInfeasibleError, match="headroom") as refused:
+        remat_pass.plan(model, (x,), budget=own_peak, budget_kind="peak", plan_cache=False)
+    assert refused.value.min_bytes > refused.value.keep_all_bytes == own_peak

@@ -363,7 +363,7 @@ def _solve_one(problem: Problem, options: PlanOptions, budget: ResolvedBudget) -
         except solvers.BudgetInfeasibleError as error:
             raise solvers.BudgetInfeasibleError(
                 budget.budget_bytes, with_headroom(error.min_bytes), budget.reference_bytes, kind="peak",
-                lowest_kept_bytes=error.lowest_kept_bytes) from None
+                lowest_kept_bytes=error.lowest_kept_bytes, headroom_bytes=PEAK_HEADROOM_BYTES) from None
         plan = replace(plan, budget_bytes=budget.budget_bytes)
     else:
         try:
