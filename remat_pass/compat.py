@@ -62,8 +62,7 @@ def _upper_bound(x: torch.SymInt) -> int:
 
 
 def recompile_limit_errors() -> tuple[type[BaseException], ...]:
-    """What dynamo raises when it gives up recompiling (not a TorchDynamoException); absent in
-    older torch, where nothing is raised and this is empty."""
+    """What dynamo raises when it gives up recompiling; empty in older torch, which raises nothing."""
     import torch._dynamo.exc
 
     error = getattr(torch._dynamo.exc, "FailOnRecompileLimitHit", None)
@@ -71,9 +70,8 @@ def recompile_limit_errors() -> tuple[type[BaseException], ...]:
 
 
 def forget_compiled(fn: Any) -> None:
-    """Drop dynamo's compiled entries for ``fn``'s code (``torch._dynamo.reset_code``), so that
-    tracing it again and again (a new wrapper each time) never reaches the recompile limit; a
-    no-op where torch lacks it."""
+    """Drop dynamo's compiled entries for ``fn``'s code (``torch._dynamo.reset_code``), so that tracing it
+    again and again (a new wrapper each time) never reaches the recompile limit; a no-op where torch lacks it."""
     reset = getattr(torch._dynamo, "reset_code", None)
     if reset is not None:
         reset(fn.__code__)
@@ -129,7 +127,7 @@ _PATCHERS: dict[tuple[int, frozenset[Any]], Callable[[], Callable[[], None]] | N
 
 
 def _patcher(config: Any, changes: dict[str, Any]) -> Callable[[], Callable[[], None]] | None:
-    """The config's closure patcher making ``changes`` (one per distinct change), None where torch lacks it."""
+    """The config's closure patcher making ``changes`` (one per distinct change); None if torch has none."""
     key = (id(config), frozenset((k, frozenset(v) if isinstance(v, set) else v) for k, v in changes.items()))
     if key not in _PATCHERS:
         make = getattr(config, "_make_closure_patcher", None)
@@ -196,15 +194,13 @@ except ImportError:  # older torch: no custom partitioner support at all (see ha
 
 
 def is_view_op(node: fx.Node) -> bool:
-    """Whether ``node`` is an aten op whose output aliases its input (``OpOverload.is_view``): no kernel,
-    no buffer of its own; readers of a view read its base's storage."""
+    """Whether ``node`` is an aten op whose output aliases its input (``OpOverload.is_view``): no kernel, no buffer."""
     target = node.target
     return isinstance(target, torch._ops.OpOverload) and target.is_view
 
 
 def inductor_cache_dir() -> str:
-    """Where Inductor keeps its compiled kernels on disk (``TORCHINDUCTOR_CACHE_DIR`` or its
-    default), to name in an error; "its cache directory" where this torch does not say."""
+    """Where Inductor keeps its kernels (``TORCHINDUCTOR_CACHE_DIR`` or its default), to name in an error."""
     try:
         from torch._inductor.runtime.cache_dir_utils import default_cache_dir
     except ImportError:
@@ -212,14 +208,18 @@ def inductor_cache_dir() -> str:
     return os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir()  # cache_dir() would create it
 
 
+def dynamo_disabled() -> bool:
+    """Whether dynamo is off: ``TORCHDYNAMO_DISABLE=1`` (``torch.compile`` reads it) or ``config.disable``."""
+    return os.environ.get("TORCHDYNAMO_DISABLE") == "1" or bool(getattr(torch._dynamo.config, "disable", False))
+
+
 def caching_precompile() -> bool:
-    """Whether torch's precompile is on (``TORCH_CACHING_PRECOMPILE=1``; False where this torch has none)."""
+    """Whether torch's precompile is on (``TORCH_CACHING_PRECOMPILE=1``)."""
     return bool(getattr(torch._dynamo.config, "caching_precompile", False))
 
 
 def aot_cache_bundles_graphs() -> bool:
-    """Whether AOTAutograd's cache stores the compiled graphs in its entries (``bundled_autograd_cache``,
-    or torch's precompile, which bundles): then it can store graphs that are not Inductor's."""
+    """Whether AOTAutograd's cache bundles compiled graphs (``bundled_autograd_cache``, or precompile)."""
     return caching_precompile() or bool(getattr(torch._functorch.config, "bundled_autograd_cache", False))
 
 
@@ -255,8 +255,7 @@ def storable_graph_compiler(compile_graph: Callable[[fx.GraphModule], fx.GraphMo
 
 
 def precompile_source_id(fn: Callable[..., Any]) -> str:
-    """The key torch's precompile stores a compiled function under (``CompilePackage.source_id_from_fn``:
-    its qualified name and first line); the qualified name where this torch has no precompile."""
+    """The key torch's precompile stores a function under (``CompilePackage.source_id_from_fn``), else its name."""
     try:
         from torch._dynamo.package import CompilePackage
     except ImportError:
@@ -493,8 +492,9 @@ def _allocator_trace_events(trace: list[dict[str, Any]]) -> list[tuple[int, int,
 
 __all__ = [
     "allocator_events", "aot_cache_bundles_graphs", "autograd_inside_kernel", "capture_config", "compiling_frame",
-    "concrete_int", "cuda_allocator_events", "CustomGraphPass", "donated_buffers_scope", "extract_fwd_bwd_modules",
-    "fake_tensor_mode", "forget_compiled", "get_hash_for_files", "has_custom_partitioner", "inductor_cache_dir",
-    "is_fake", "is_symbolic", "is_view_op", "PartitionerBase", "real_tensors", "recompile_limit",
-    "recompile_limit_errors", "stop_donating_buffers", "storable_graph_compiler", "use_boxed_codegen",
+    "concrete_int", "cuda_allocator_events", "CustomGraphPass", "donated_buffers_scope", "dynamo_disabled",
+    "extract_fwd_bwd_modules", "fake_tensor_mode", "forget_compiled", "get_hash_for_files",
+    "has_custom_partitioner", "inductor_cache_dir", "is_fake", "is_symbolic", "is_view_op", "PartitionerBase",
+    "real_tensors", "recompile_limit", "recompile_limit_errors", "stop_donating_buffers", "storable_graph_compiler",
+    "use_boxed_codegen",
 ]

@@ -206,6 +206,19 @@ def test_a_frame_past_dynamos_recompile_limit_is_an_error_not_a_budget_ignored()
             second(inputs)
 
 
+def test_with_dynamo_disabled_the_step_runs_eagerly_as_asked(caplog, monkeypatch):
+    """TORCHDYNAMO_DISABLE=1 turns every torch.compile into eager for debugging: optimize then trains
+    eagerly too, with a warning, instead of raising that nothing was compiled."""
+    torch.manual_seed(0)
+    model, inputs = DataDependent(), (torch.randn(4, 16),)
+    expected = eager_reference(model, inputs, _loss)
+    caplog.set_level(logging.WARNING, logger="remat_pass")
+    monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")
+    optimized = remat_pass.optimize(model, budget=0.5, plan_cache=False)
+    assert_same_step(run_step(model, optimized, inputs, _loss), expected)
+    assert optimized.plan is None and "dynamo is disabled" in caplog.text
+
+
 def test_dynamic_shapes_one_plan_for_every_length():
     torch.manual_seed(0)
     config = GPTConfig(vocab_size=64, seq_len=32, layers=2, hidden=32, heads=2, dropout=0.0)

@@ -37,7 +37,7 @@ from ..compat import (caching_precompile, capture_config, inductor_cache_dir, re
 from ..annotate.costs import CostModel, DeviceProfile, model_profile
 from .distributed import reject_wrapped_model
 from .dynamo_backend import RematBackend
-from .graph_breaks import ran_eagerly, warn_graph_breaks, with_fullgraph_hint
+from .graph_breaks import ran_without_a_graph, warn_graph_breaks, with_fullgraph_hint
 from .earlier_pieces import Lowest, PieceShares, Refused, bounds_the_step_peak, explain_refusal
 from ..errors import CaptureError, RematError
 from ..capture.frozen_objects import older_objects_frozen
@@ -200,7 +200,7 @@ class RematModule(nn.Module):
         output = self._run_sharing_the_peak(args, kwargs)
         ran = self._calls.ran
         if not self._calls.graphs and not caching_precompile():
-            raise ran_eagerly(type(self.module).__name__)
+            ran_without_a_graph(type(self.module).__name__)
         if not ran and not self._last_ran and not self._asked_precompile and caching_precompile():
             self._asked_precompile = True  # the step came from torch's precompile: remat_pass was not called
             ran = plans_compiled_elsewhere(self._settings.plan_cache, self.module, self._backend.options)
