@@ -329,7 +329,7 @@ def test_hugging_faces_warning_once_in_forward_is_no_graph_break():
     config = GPT2Config(vocab_size=64, n_positions=16, n_embd=16, n_layer=2, n_head=2, resid_pdrop=0.0,
                         embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=1)
     model, tokens = _OwnLoss(GPT2LMHeadModel(config).train()), torch.randint(0, 64, (2, 16))
-    assert model.model.loss_type is None
+    model.model.loss_type = None  # unset (transformers 5.25 leaves it so): its loss function warns
     loss = lambda out, *_: out  # noqa: E731
     expected = eager_reference(model, (tokens,), loss)
     optimized = remat_pass.optimize(model, budget=0.5)
