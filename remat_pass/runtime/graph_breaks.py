@@ -4,6 +4,7 @@ resume after), which would otherwise train with the budget silently unapplied.""
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from ..capture.capture_errors import CaptureCause
@@ -15,19 +16,19 @@ from ..planning.pipeline import BudgetKind, resolve_budget_kind
 logger = logging.getLogger(__name__)
 
 
-_SAID_DYNAMO_IS_OFF: list[bool] = []
-
-
 def ran_without_a_graph(model: str) -> None:
     """A training call that compiled no graph: ``CaptureError`` (``ran_eagerly``), unless dynamo is off
     for the process (``TORCHDYNAMO_DISABLE=1``, a debugging switch that turns every ``torch.compile``
-    into eager), where the step running eagerly is what was asked: said once, as a warning."""
+    into eager), where the step running eagerly is what was asked: said once per model class."""
     if not dynamo_disabled():
         raise ran_eagerly(model)
-    if not _SAID_DYNAMO_IS_OFF:
-        _SAID_DYNAMO_IS_OFF.append(True)
-        logger.warning("%s: dynamo is disabled (TORCHDYNAMO_DISABLE=1), so optimize runs the model eagerly: nothing "
-                       "is planned and the budget is not applied", model)
+    _say_dynamo_is_off(model)
+
+
+@functools.cache
+def _say_dynamo_is_off(model: str) -> None:
+    logger.warning("%s: dynamo is disabled (TORCHDYNAMO_DISABLE=1), so optimize runs the model eagerly: nothing is "
+                   "planned and the budget is not applied", model)
 
 
 def ran_eagerly(model: str) -> CaptureError:

@@ -41,7 +41,6 @@ from remat_pass import solvers
 from remat_pass.solvers.problem import STEP_IN_FORWARDS, Plan
 
 from ..compat import concrete_int
-
 from .measure import allocator_peak
 
 logger = logging.getLogger(__name__)
