@@ -316,16 +316,10 @@ def _time_limit(seconds: float | None) -> str:
 def keep_all_floor(rows: Sequence[Row], model: str) -> dict[str, float]:
     """Per point, torch.compile's default step (keeping every activation) over the point's incumbent
     step: the least ``time × incumbent`` a remat row there could reach on a step bound by its work, as
-    no plan runs less than keeping everything. Timed in the point's own rounds (``keep_all_ratio``);
-    a run made before that has only each point's median, from other rounds, whose ratio is used."""
-    incumbents = [r for r in rows if r["model"] == model and r.get("family") == "incumbent" and r.get("status") == "ok"]
-    if any("keep_all_ratio" in r for r in incumbents):
-        return {r["point"]: r["keep_all_ratio"] for r in incumbents if "keep_all_ratio" in r}
-    steps = {r["point"]: r.get("step_ms") for r in incumbents}
-    keep_all = steps.get(DEFAULT)
-    if not isinstance(keep_all, (int, float)):
-        return {}
-    return {point: keep_all / ms for point, ms in steps.items() if point != DEFAULT and isinstance(ms, (int, float))}
+    no plan runs less than keeping everything. Timed in the point's own rounds (``keep_all_ratio``): a
+    ratio of two points' medians, from other rounds, was noise on 2-ms steps, so older runs get none."""
+    return {r["point"]: r["keep_all_ratio"] for r in rows
+            if r["model"] == model and r.get("family") == "incumbent" and "keep_all_ratio" in r}
 
 
 def markdown(rows: Sequence[Row], meta: dict[str, Any]) -> str:
@@ -340,10 +334,8 @@ def markdown(rows: Sequence[Row], meta: dict[str, Any]) -> str:
         lines += ["| " + " | ".join(_cells(r)) + " |" for r in rows if r["model"] == model]
         floor = keep_all_floor(rows, model)
         if floor:
-            same_rounds = any("keep_all_ratio" in r for r in rows if r["model"] == model)
             lines += ["", "Keeping everything, over the incumbent's step (the least time × incumbent a plan can "
-                      "reach where the step is bound by its work; " + ("timed in each point's rounds" if same_rounds
-                      else "medians of different rounds") + "): "
+                      "reach where the step is bound by its work; timed in each point's rounds): "
                       + ", ".join(f"{point} {ratio:.2f}" for point, ratio in floor.items())]
         lines.append("")
     flagged = sorted({r["model"] for r in rows if r.get("flops_below_eager")})
