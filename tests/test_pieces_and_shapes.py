@@ -198,12 +198,11 @@ def test_a_step_dynamo_runs_eagerly_is_an_error_not_a_budget_ignored():
 def test_a_frame_past_dynamos_recompile_limit_is_an_error_not_a_budget_ignored():
     """Past the limit dynamo runs the frame eagerly without raising where graph breaks are allowed."""
     torch.manual_seed(0)
-    inputs = torch.randn(4, 16)
+    optimized = remat_pass.optimize(DataDependent(), budget=0.5, fullgraph=False, plan_cache=False)
     with torch._dynamo.config.patch(recompile_limit=1):
-        remat_pass.optimize(DataDependent(), budget=0.5, fullgraph=False, plan_cache=False)(inputs)
-        second = remat_pass.optimize(DataDependent(), budget=0.5, fullgraph=False, plan_cache=False)
+        optimized(torch.randn(4, 16))
         with pytest.raises(CaptureError, match="recompile limit"):
-            second(inputs)
+            optimized(torch.randn(5, 16))  # a new batch size: a recompile of the same frame
 
 
 def test_with_dynamo_disabled_the_step_runs_eagerly_as_asked(caplog, monkeypatch):

@@ -4,9 +4,14 @@ plans keyed on what selects the compiled graph, and Hugging Face's Trainer end t
 from __future__ import annotations
 
 import copy
+import gc
 import inspect
 import io
 import logging
+import os
+import subprocess
+import sys
+import weakref
 
 import pytest
 import torch
@@ -102,6 +107,73 @@ def test_copies_drop_compiled_state_and_plan_again(how, when):
     assert all(p.grad is None for p in model.parameters()), "training the copy touched the original"
     if when == "after":
         assert copied.plan.kept == optimized.plan.kept
+
+
+# --- the lifetime of what dynamo keeps ---------------------------------------------------------------
+
+
+class _Block(nn.Module):
+    """A model class of this file's own: its ``forward`` is one code object for every instance."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner, self.outer = nn.Linear(8, 16), nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.outer(torch.tanh(self.inner(x)))
+
+
+def test_a_dropped_optimized_model_is_freed():
+    """Dynamo keeps its backends and compiled graphs for the process's life; they must not keep the
+    model (its parameters, on a GPU its memory) once the user drops it, as with torch.compile."""
+    model = _Block()
+    optimized = remat_pass.optimize(model, budget=0.5)
+    optimized(torch.randn(4, 8)).sum().backward()
+    alive = weakref.ref(model)
+    del model, optimized
+    gc.collect()
+    assert alive() is None
+
+
+_FIRST_COMPILE_FREED = """
+import gc, weakref, torch
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.nn.Linear(8, 8)
+    def forward(self, x):
+        return torch.tanh(self.inner(x)).sum()
+model = Block()
+torch.compile(model, backend="remat")(torch.randn(4, 8)).backward()  # imports the planners, and PuLP
+alive = weakref.ref(model)
+del model
+gc.collect()
+print("freed" if alive() is None else "alive")
+"""
+
+
+def test_the_first_model_compiled_with_the_registered_backend_is_freed():
+    """The first ``backend="remat"`` compile of a process imports the planners from inside
+    ``torch.compile``; PuLP's import-time errors kept those frames, and so that model, alive."""
+    result = subprocess.run([sys.executable, "-c", _FIRST_COMPILE_FREED], capture_output=True, text=True,
+                            timeout=300, env={**os.environ, "REMAT_PASS_INNER": "eager", "REMAT_PASS_PLAN_CACHE": "off"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split()[-1] == "freed"
+
+
+@pytest.mark.skipif("isolate_recompiles" not in inspect.signature(torch.compile).parameters,
+                    reason="torch < 2.13 counts every compile of one code object against one limit")
+def test_models_of_one_class_do_not_share_a_recompile_limit():
+    """A sweep optimizes one model after another; each is its own torch.compile call, so its graphs
+    count against its own recompile limit, not against the other models' of the class."""
+    x = torch.randn(4, 8)
+    with torch._dynamo.config.patch(recompile_limit=2):
+        for seed in range(3):
+            torch.manual_seed(seed)
+            model = _Block()
+            expected = eager_reference(model, (x,), lambda out, *_: out.sum())
+            optimized = remat_pass.optimize(model, budget=0.5)
+            assert_same_step(run_step(model, optimized, (x,), lambda out, *_: out.sum()), expected)
 
 
 # --- plans keyed on what selects the compiled graph ------------------------------------------------

@@ -45,6 +45,7 @@ from ..capture.inputs import call_inputs, canonical, forward_signature
 from ..planning.pipeline import DEFAULT_BUDGET
 from .plan_cache import as_plan_cache
 from .precompiled_plans import plans_compiled_elsewhere, record_plans
+from .weak_owner import OwnerBackend, compile_apart, slot_runner
 from .plan_keys import PlanKey, plan_key, replan_reason
 from ..capture.state import untouched, untouched_on_error
 
@@ -76,7 +77,7 @@ class _Settings:
 # Per-instance state that is rebuilt, never copied or pickled: it holds a lock, compiled code and
 # plans for graphs that a copy has not compiled.
 _TRANSIENT = ("_backend", "_compiled", "_plans", "_key_of", "_last_ran", "_calls", "_signature", "forward",
-              "_warmed_up")
+              "_warmed_up", "_slots")
 
 
 class RematModule(nn.Module):
@@ -129,9 +130,9 @@ class RematModule(nn.Module):
         )
         self._signature = forward_signature(self.module.forward)
         # Not a registered submodule: its parameters are the original's.
-        object.__setattr__(self, "_compiled",
-                           torch.compile(self.module, backend=self._compile_graph, fullgraph=settings.fullgraph,
-                                         dynamic=settings.dynamic))
+        self._slots: list[_Slot] = []  # each graph dynamo compiled, run through ``weak_owner.slot_runner``
+        object.__setattr__(self, "_compiled", compile_apart(self.module, OwnerBackend(self),
+                                                            fullgraph=settings.fullgraph, dynamic=settings.dynamic))
         # The model's signature on forward, as torch.compile's own wrapper does: tools that inspect
         # forward (Trainer drops batch columns forward does not name) see the model's parameters.
         self.forward = functools.update_wrapper(functools.partial(RematModule._forward, self), self.module.forward)
@@ -141,18 +142,16 @@ class RematModule(nn.Module):
         pieces' lowest peaks learnt since change what a peak budget leaves this graph
         (``earlier_pieces``), it is planned and compiled again at its next run, from that run's inputs."""
         piece = self._compile_piece(gm, example_inputs)
-        calls = self._calls
+        self._slots.append(_Slot(gm, piece))
+        return slot_runner(self, len(self._slots) - 1, piece.compiled)  # dynamo keeps it: holds self weakly
 
-        @functools.wraps(piece.compiled)  # keeps the calling convention flags (_boxed_call)
-        def run(*args: Any) -> Any:
-            nonlocal piece
-            if piece.learnt != len(self._shares.lowest):
-                piece = self._compile_piece(gm, list(args))
-            calls.ran = getattr(calls, "ran", ()) + piece.plans  # each piece of a call between graph breaks
-            calls.graphs = getattr(calls, "graphs", 0) + 1
-            return piece.compiled(*args)
-
-        return run
+    def _run_slot(self, index: int, args: tuple[Any, ...]) -> Any:
+        slot, calls = self._slots[index], self._calls
+        if slot.piece.learnt != len(self._shares.lowest):
+            slot.piece = self._compile_piece(slot.gm, list(args))
+        calls.ran = getattr(calls, "ran", ()) + slot.piece.plans  # each piece of a call between graph breaks
+        calls.graphs = getattr(calls, "graphs", 0) + 1
+        return slot.piece.compiled(*args)
 
     def _compile_piece(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> _CompiledPiece:
         """``gm`` compiled by the backend beside the graphs this call ran before it (dynamo runs each
@@ -342,6 +341,14 @@ class _CompiledPiece:
     compiled: Any
     plans: tuple[Plan, ...]
     learnt: int
+
+
+@dataclass
+class _Slot:
+    """A graph dynamo compiled and the piece it runs now (replaced when it is planned again)."""
+
+    gm: torch.fx.GraphModule
+    piece: _CompiledPiece
 
 
 # What a model does once, on its first call, that dynamo cannot trace; a warm-up forward does it.

@@ -24,6 +24,8 @@ from typing import Iterator, Mapping
 
 import pulp
 
+from . import pulp_import  # noqa: F401  (PuLP's import-time errors without their callers' frames)
+
 logger = logging.getLogger(__name__)
 
 # Seconds an isolated run may overrun its time limit before it is killed (start-up, read-back).
