@@ -38,7 +38,7 @@ from ..compat import is_symbolic as _is_symbolic
 from .dropout_replay import dropout_replay_sources, order_dropout_masks
 from .costs import AUTO, CostModel, DeviceProfile, parse_costs, pricing_profiles
 from .flops import node_flops as _flops
-from .fused_costs import fused_recompute_prices
+from .fused_costs import fused_recompute_prices, unallocated_in_backward
 from ..capture.loss_chunking import chunked_regions, describe as describe_chunked
 from .backward_steps import backward_steps
 from .node_memory import bytes_moved as _bytes_moved
@@ -69,6 +69,7 @@ class NodeInfo:
     tags: frozenset[str]
     module: str
     scratch_bytes: int = 0  # the kernel's working memory while it runs (remat_pass.annotate.scratch)
+    unallocated: bool = False  # a backward tensor Inductor computes inside its readers' kernels (fused_costs)
 
 
 @dataclass(frozen=True)
@@ -103,8 +104,10 @@ def annotate(joint: JointGraph, device: str | DeviceProfile = AUTO, *, free_inpu
     value (it can be kept, never recomputed: its producer is in another graph). ``costs`` prices
     ops (``costs.CostModel``: the roofline, FLOPs alone, or times measured by ``op_timing``).
     ``scratch_store``: a directory where kernel scratch measurements persist (``scratch.kernel_scratch``).
-    ``fused_prices``: for a graph Inductor compiles, price a pointwise recompute fused into its
-    reader (``fused_costs``); False prices every op as a kernel of its own, as for eager.
+    ``fused_prices``: for a graph Inductor compiles, model the fused program (``fused_costs``): a
+    pointwise recompute priced fused into its reader, and the backward tensors Inductor computes
+    inside their readers' kernels not allocated; False models every op as a kernel of its own, as
+    for eager.
     """
     graph = joint.module.graph
     where, profile = pricing_profiles(device, costs, tensors_on=_step_device(graph))
@@ -133,25 +136,29 @@ def annotate(joint: JointGraph, device: str | DeviceProfile = AUTO, *, free_inpu
         values.append(value)
         value_nodes.append(node)
 
-    if fused_prices and joint.compiler == "inductor":  # the program that runs fuses pointwise recomputes
+    fused_program = fused_prices and joint.compiler == "inductor"  # the program that runs fuses pointwise ops
+    if fused_program:
         values = list(fused_recompute_prices(values, value_nodes, profile))
     _pin_readers_of_mutated_inputs(graph, values, value_nodes)
     fill_module_attribution(values, value_nodes)
     tag_attention_core(values, ignored_storages={NO_STORAGE})
     backward_reads = _backward_reads(graph, joint.num_fwd_outputs, backward_nodes, ids)
     outputs = _graph_outputs(graph)
+    gradients = outputs[joint.num_fwd_outputs :]
+    unallocated = (unallocated_in_backward([n for n in graph.nodes if n in backward_nodes], gradients)
+                   if fused_program else frozenset())
     problem = Problem(
         values=tuple(values),
         storage_bytes=tuple(storages.sizes),
         backward_reads=frozenset(backward_reads),
         device=where.name,
         forward_outputs=frozenset(ids[n] for n in outputs[: joint.num_fwd_outputs] if n in ids),
-        backward_steps=backward_steps(graph, backward_nodes, ids, outputs[joint.num_fwd_outputs :], profile, scratch),
+        backward_steps=backward_steps(graph, backward_nodes, ids, gradients, profile, scratch, unallocated),
         host_bytes_per_second=where.host_link_bytes_per_second,
         costs="measure" if measured else "flops" if profile.name == "flops" else "roofline",
         notes=tuple(describe_chunked(region) for region in chunked_regions(graph)),
     )
-    _store_meta(graph, ids, problem, scratch)
+    _store_meta(graph, ids, problem, scratch, unallocated)
     logger.debug(
         "annotated %d forward values, %d backward reads, keep-all %d bytes",
         len(values), len(backward_reads), problem.keep_all_bytes(),
@@ -431,14 +438,15 @@ def _pin_readers_of_mutated_inputs(graph: fx.Graph, values: list[Value], nodes: 
             values[index] = replace(values[index], recomputable=False)
 
 
-def _store_meta(graph: fx.Graph, ids: dict[fx.Node, int], problem: Problem, scratch: dict[fx.Node, int]) -> None:
+def _store_meta(graph: fx.Graph, ids: dict[fx.Node, int], problem: Problem, scratch: dict[fx.Node, int],
+                unallocated: frozenset[fx.Node]) -> None:
     for node in graph.nodes:
         if node.op == "output":
             continue
         value_id = ids.get(node)
         if value_id is None:
             node.meta[META_KEY] = NodeInfo(BACKWARD, None, 0, _flops(node), 0.0, frozenset(), module_path(node),
-                                           scratch.get(node, 0))
+                                           scratch.get(node, 0), node in unallocated)
             continue
         value = problem.values[value_id]
         node.meta[META_KEY] = NodeInfo(FORWARD, value_id, problem.storage_bytes[value.storage], value.flops,

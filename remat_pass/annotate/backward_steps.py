@@ -18,37 +18,78 @@ from .node_memory import bytes_moved, dtype_of, same_storage, storages
 
 def backward_steps(
     graph: fx.Graph, backward_nodes: set[fx.Node], ids: dict[fx.Node, int], gradients: list[fx.Node | None],
-    profile: DeviceProfile, scratch: dict[fx.Node, int],
+    profile: DeviceProfile, scratch: dict[fx.Node, int], unallocated: frozenset[fx.Node] = frozenset(),
 ) -> tuple[BackwardStep, ...]:
     """The backward ops in order, each with the forward values it reads, the bytes of
     backward-only tensors live while it runs (allocated at their op, freed after their last
     reader; parameter gradients and anything sharing a forward storage excluded; its kernel's
-    scratch included) and its roofline time (the compute a reload from host memory can hide behind)."""
-    forward_keys = {key for node in ids for key, _ in storages(node)}
-    gradient_keys = {key for node in gradients if node is not None for key, _ in storages(node)}
-    ignored = forward_keys | gradient_keys
+    scratch included) and its roofline time (the compute a reload from host memory can hide behind).
+    ``unallocated``: backward ops whose tensors the compiler computes inside their readers' kernels
+    (``fused_costs.unallocated_in_backward``); they allocate nothing, and the forward values they
+    read are read by those readers, so those values stay alive until then."""
+    ignored = _ignored_storages(ids, gradients)
     order = [node for node in graph.nodes if node in backward_nodes]
-    position = {node: index for index, node in enumerate(order)}
-    last_use: dict[StorageWeakRef, int] = {}
-    for node in order:
-        end = max((position[u] for u in node.users if u in position), default=position[node])
-        for key, _ in storages(node):
-            last_use[key] = max(last_use.get(key, end), end)
+    last_use = _last_uses(order, unallocated)
     live: dict[StorageWeakRef, int] = {}
     steps: list[BackwardStep] = []
-    carried = _forward_values_viewed(order, ids)
+    carried = _carried_reads(order, ids, unallocated)
     for index, node in enumerate(order):
-        for key, nbytes in storages(node):
+        for key, nbytes in () if node in unallocated else storages(node):
             if key not in ignored:
                 live.setdefault(key, nbytes)
         if node.op == "call_function":
             reads = {ids[s] for s in node.all_input_nodes if s in ids}
-            reads.update(i for s in node.all_input_nodes for i in carried.get(s, ()))
+            reads.update(_carried_of(node, carried))
             extra = scratch.get(node, 0)
             steps.append(BackwardStep(tuple(sorted(reads)), sum(live.values()) + extra, _op_seconds(node, profile), extra))
         for key in [k for k in live if last_use.get(k, index) <= index]:
             del live[key]
     return tuple(steps)
+
+
+def _ignored_storages(ids: dict[fx.Node, int], gradients: list[fx.Node | None]) -> set[StorageWeakRef]:
+    """Storages no backward working set counts: forward values' (the plan's account) and the gradients returned."""
+    forward_keys = {key for node in ids for key, _ in storages(node)}
+    return forward_keys | {key for node in gradients if node is not None for key, _ in storages(node)}
+
+
+def _last_uses(order: list[fx.Node], unallocated: frozenset[fx.Node]) -> dict[StorageWeakRef, int]:
+    """The position of each backward storage's last reader (an unallocated reader's readers read it)."""
+    position = {node: index for index, node in enumerate(order)}
+    read_until = _read_until(order, position, unallocated)
+    last_use: dict[StorageWeakRef, int] = {}
+    for node in order:
+        end = max((read_until[u] for u in node.users if u in position), default=position[node])
+        for key, _ in storages(node):
+            last_use[key] = max(last_use.get(key, end), end)
+    return last_use
+
+
+def _carried_reads(order: list[fx.Node], ids: dict[fx.Node, int], unallocated: frozenset[fx.Node]) -> dict[fx.Node, set[int]]:
+    """Forward values read through a backward node: through its views, and through a fused op,
+    whose reads happen in its readers' kernels."""
+    carried = _forward_values_viewed(order, ids)
+    for node in order:
+        if node in unallocated:
+            carried.setdefault(node, set()).update(
+                i for s in node.all_input_nodes for i in ({ids[s]} if s in ids else carried.get(s, ())))
+    return carried
+
+
+def _carried_of(node: fx.Node, carried: dict[fx.Node, set[int]]) -> set[int]:
+    return {i for s in node.all_input_nodes for i in carried.get(s, ())}
+
+
+def _read_until(order: list[fx.Node], position: dict[fx.Node, int], unallocated: frozenset[fx.Node]) -> dict[fx.Node, int]:
+    """When each backward op's reads really happen: at its own position, or for an unallocated
+    (fused) op, when the last of its readers' kernels runs."""
+    until: dict[fx.Node, int] = {}
+    for node in reversed(order):
+        if node in unallocated:
+            until[node] = max((until[u] for u in node.users if u in position), default=position[node])
+        else:
+            until[node] = position[node]
+    return until
 
 
 def _op_seconds(node: fx.Node, profile: DeviceProfile) -> float:

@@ -22,8 +22,10 @@ placeholders, and views of them) are not, and neither are the parameter gradient
 backward returns (reported apart as ``gradient_bytes``). Scratch space inside a kernel is
 counted while its node runs where annotate recorded it (``node.meta["remat"].scratch_bytes``,
 measured per op configuration by ``remat_pass.annotate.scratch``), so a graph remat_pass did not annotate
-shows none. Sizes come from the fake values AOTAutograd traced (``node.meta["val"]``), so the same
-simulator works for graphs traced on the meta device.
+shows none. A backward tensor annotate found Inductor computes inside its readers' kernels
+(``meta["remat"].unallocated``, ``annotate.fused_costs``) allocates nothing, and what it reads is
+read until those readers run. Sizes come from the fake values AOTAutograd traced
+(``node.meta["val"]``), so the same simulator works for graphs traced on the meta device.
 """
 
 from __future__ import annotations
@@ -123,7 +125,8 @@ class _Replay:
     def run(self, graph: fx.Graph, phase: str, pinned: set[StorageWeakRef]) -> None:
         """Execute ``graph``'s nodes; storages in ``pinned`` outlive the graph."""
         nodes = list(graph.nodes)
-        last_use = _storage_last_use(nodes)
+        fused = {node for node in nodes if _unallocated(node, phase)}
+        last_use = _storage_last_use(nodes, fused)
         frees: dict[int, list[StorageWeakRef]] = {}
         for key, index in last_use.items():
             if key not in pinned:
@@ -132,19 +135,32 @@ class _Replay:
             if node.op == "output":
                 continue
             if node.op != "placeholder":
-                self.allocate(node)
+                if node not in fused:  # computed inside its readers' kernels: nothing allocated
+                    self.allocate(node)
                 self.record(phase, node)
             self.free(frees.get(index, ()))
 
 
-def _storage_last_use(nodes: list[fx.Node]) -> dict[StorageWeakRef, int]:
-    """Index of the last node that reads (or, unread, produces) each storage."""
+def _unallocated(node: fx.Node, phase: str) -> bool:
+    """Marked by annotate as a backward tensor computed inside its readers' kernels (a forward value
+    recomputed in backward carries its forward meta: it is made there, as the plan's model counts it)."""
+    info = node.meta.get(META_KEY)
+    return getattr(info, "unallocated", False) and info.phase == phase
+
+
+def _storage_last_use(nodes: list[fx.Node], fused: set[fx.Node]) -> dict[StorageWeakRef, int]:
+    """Index of the last node that reads (or, unread, produces) each storage; a ``fused`` node
+    reads its inputs where its own last reader runs."""
     position = {node: index for index, node in enumerate(nodes)}
+    read_at: dict[fx.Node, int] = {}
+    for node in reversed(nodes):
+        read_at[node] = (max([read_at[u] for u in node.users if u.op != "output"], default=position[node])
+                         if node in fused else position[node])
     last: dict[StorageWeakRef, int] = {}
     for node in nodes:
         if node.op == "output":
             continue
-        end = max([position[user] for user in node.users if user.op != "output"], default=position[node])
+        end = max([read_at[user] for user in node.users if user.op != "output"], default=position[node])
         for key, _ in _storages_of(node):
             last[key] = max(last.get(key, end), end)
     return last

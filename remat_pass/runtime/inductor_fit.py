@@ -1,7 +1,8 @@
 """Fit a peak budget to the program Inductor runs, by compiling candidate plans and measuring them.
 
 The peak model the planners use (``solvers.analysis.memory``, checked by ``rewrite.simulate``)
-is of the unfused program: every FX node a tensor, run in graph order. Inductor runs another
+is of the unfused program: every FX node a tensor, run in graph order (under Inductor but for the
+backward tensors computed inside their readers' kernels, ``annotate.fused_costs``). Inductor runs another
 program. It fuses pointwise chains, so their intermediates never exist (the model is too high:
 BERT and the GPT landed 3-15% under their budgets in benchmarks/VS_INDUCTOR.md), and it groups
 work into multi-output kernels and schedules them in its own order, so several buffers the
@@ -212,7 +213,7 @@ def fit_peak(compile_at: CompileAt, inputs: Sequence[Any], *, attempts: int = AT
         this = asked if asked is not None else target
         candidates.append(Candidate(this, plan, measured, compiled))
         seen.add(plan_identity(plan))
-        logger.info("peak budget %d: plan asked for %d bytes (unfused model: %s) measures %d bytes compiled "
+        logger.info("peak budget %d: plan asked for %d bytes (its model: %s) measures %d bytes compiled "
                     "by Inductor (%.3f of the budget)", target, this, plan.predicted_peak_bytes,
                     measured, measured / target)
         # A plan that recomputes nothing but what Inductor fuses for free (``Plan.fused``) is
