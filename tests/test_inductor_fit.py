@@ -282,16 +282,18 @@ def test_a_budget_inductor_cannot_be_fitted_to_runs_eager_when_inductor_was_only
 
 
 def test_where_no_plan_priced_for_the_fused_program_fits_plans_priced_unfused_are_fitted(monkeypatch):
-    """The first fit plans with recomputes priced fused into their readers; where it refuses, a
-    second fit plans with every recompute priced as a kernel of its own; a refusal of both names
-    the lower of their lowest measured peaks."""
+    """The first fit plans with the fused model (recomputes priced fused into their readers, the
+    backward tensors Inductor never allocates left out); where it refuses, a second fit keeps the
+    prices and counts every backward tensor, a third prices every recompute as a kernel of its own; a
+    refusal of all names the lowest of their lowest measured peaks."""
     from remat_pass.runtime import peak_fitting
 
-    priced_fused: list[bool] = []
+    models: list[tuple[bool, bool]] = []
 
     def refuse(compile_at, inputs, **options):
-        priced_fused.append(backend._options_now().fused_prices)
-        lowest = 2 * 10**6 if len(priced_fused) == 1 else 15 * 10**5
+        now = backend._options_now()
+        models.append((now.fused_prices, now.fused_memory))
+        lowest = 2 * 10**6 if len(models) == 1 else 15 * 10**5
         raise BudgetInfeasibleError(10**6, lowest, 3 * 10**6, kind="peak")
 
     monkeypatch.setattr(peak_fitting, "fit_peak", refuse)
@@ -299,7 +301,9 @@ def test_where_no_plan_priced_for_the_fused_program_fits_plans_priced_unfused_ar
     backend = remat_pass.backend(budget="1MB", inner="inductor", chunk_loss=False)
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="1500000 bytes"):
         run_step(model, torch.compile(model, backend=backend), inputs, loss_fn)
-    assert priced_fused == [True, False, True]  # the last: the fused fit again, searching longer
+    # The last: the fused fit again, searching longer.
+    assert models == [(True, True), (True, False), (False, False), (True, True)]
+    assert backend._options_now().fused_memory  # the next graph starts with the fused model again
     assert backend._options_now().fused_prices  # the next graph starts priced fused again
 
 
@@ -322,7 +326,8 @@ def test_the_fits_candidates_are_refused_without_the_longer_search(monkeypatch):
     backend = remat_pass.backend(budget="1MB", inner="inductor", chunk_loss=False)
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed):
         run_step(model, torch.compile(model, backend=backend), inputs, loss_fn)
-    assert seen == [False, False, True]  # the fit priced fused, then unfused, then fused searching longer
+    # The fused model, its prices with every backward tensor, priced unfused, then fused searching longer.
+    assert seen == [False, False, False, True]
     assert backend._options_now().search_before_refusing
 
 

@@ -94,7 +94,7 @@ class AnnotatedGraph:
 
 def annotate(joint: JointGraph, device: str | DeviceProfile = AUTO, *, free_inputs: bool = True,
              costs: str = CostModel.ROOFLINE, scratch_store: Path | None = None,
-             fused_prices: bool = True) -> AnnotatedGraph:
+             fused_prices: bool = True, fused_memory: bool = True) -> AnnotatedGraph:
     """Annotate every node of ``joint`` in place (``meta["remat"]``) and build the Problem.
 
     Parameters and buffers are always available at no cost. ``free_inputs`` says the same of
@@ -104,10 +104,11 @@ def annotate(joint: JointGraph, device: str | DeviceProfile = AUTO, *, free_inpu
     value (it can be kept, never recomputed: its producer is in another graph). ``costs`` prices
     ops (``costs.CostModel``: the roofline, FLOPs alone, or times measured by ``op_timing``).
     ``scratch_store``: a directory where kernel scratch measurements persist (``scratch.kernel_scratch``).
-    ``fused_prices``: for a graph Inductor compiles, model the fused program (``fused_costs``): a
-    pointwise recompute priced fused into its reader, and the backward tensors Inductor computes
-    inside their readers' kernels not allocated; False models every op as a kernel of its own, as
-    for eager.
+    ``fused_prices``: for a graph Inductor compiles, price a pointwise recompute fused into its
+    reader (``fused_costs``); False prices every op as a kernel of its own, as for eager.
+    ``fused_memory``: for a graph Inductor compiles, leave the backward tensors Inductor computes
+    inside their readers' kernels unallocated (``fused_costs.unallocated_in_backward``); False
+    counts every backward tensor, as for eager.
     """
     graph = joint.module.graph
     where, profile = pricing_profiles(device, costs, tensors_on=_step_device(graph))
@@ -136,8 +137,7 @@ def annotate(joint: JointGraph, device: str | DeviceProfile = AUTO, *, free_inpu
         values.append(value)
         value_nodes.append(node)
 
-    fused_program = fused_prices and joint.compiler == "inductor"  # the program that runs fuses pointwise ops
-    if fused_program:
+    if fused_prices and joint.compiler == "inductor":  # the program that runs fuses pointwise recomputes
         values = list(fused_recompute_prices(values, value_nodes, profile))
     _pin_readers_of_mutated_inputs(graph, values, value_nodes)
     fill_module_attribution(values, value_nodes)
@@ -146,7 +146,7 @@ def annotate(joint: JointGraph, device: str | DeviceProfile = AUTO, *, free_inpu
     outputs = _graph_outputs(graph)
     gradients = outputs[joint.num_fwd_outputs :]
     unallocated = (unallocated_in_backward([n for n in graph.nodes if n in backward_nodes], gradients)
-                   if fused_program else frozenset())
+                   if fused_memory and joint.compiler == "inductor" else frozenset())
     problem = Problem(
         values=tuple(values),
         storage_bytes=tuple(storages.sizes),

@@ -114,6 +114,7 @@ class PlanOptions:
     # planning_effort); planners without such work (the ILP, "fast", the baselines) ignore it.
     prove: bool = False
     fused_prices: bool = True  # under Inductor, recompute priced fused into readers (annotate.fused_costs)
+    fused_memory: bool = True  # under Inductor, backward tensors fused into their readers unallocated (same)
     # Without proof work, search on before refusing a budget (effort.REFUSAL_TIME_LIMIT); off where a
     # refusal is not the answer the user gets (the Inductor fit then tries another budget: inductor_fit).
     search_before_refusing: bool = True
@@ -431,7 +432,7 @@ def plan_joint_graph(joint: JointGraph, options: PlanOptions) -> PlannedGraph:
     started = time.perf_counter()
     store = getattr(options.plan_cache, "scratch_directory", None)  # beside the plans, where they are cached
     annotated = annotate(joint, options.device, free_inputs=options.free_inputs, costs=options.costs,
-                         fused_prices=options.fused_prices, scratch_store=store)
+                         fused_prices=options.fused_prices, fused_memory=options.fused_memory, scratch_store=store)
     planned = keeping_at_most(options, plan_problem(annotated.problem, options),
                               lambda lowered: plan_problem(annotated.problem, lowered))
     planned = replace(planned, plan=as_compiled(annotated, planned.plan))

@@ -212,7 +212,9 @@ class RematBackend(PeakFitting):
         if (pin := getattr(self._choosing, "pin", None)) is not None:
             options = pin.applied_to(options)
         if getattr(self._choosing, "unfused_prices", False):
-            options = replace(options, fused_prices=False)
+            options = replace(options, fused_prices=False, fused_memory=False)
+        elif getattr(self._choosing, "unfused_memory", False):
+            options = replace(options, fused_memory=False)
         asked = getattr(self._fitting, "asked", None)
         if getattr(self._fitting, "seen", None) is None:
             return options

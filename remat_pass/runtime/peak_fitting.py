@@ -3,8 +3,10 @@
 The planner's peak model is of the unfused program, which Inductor's fused one does not follow, so
 under a peak budget with ``inner="inductor"`` the backend fits the plan to the compiled program
 (``inductor_fit.fit_peak``: candidates compiled by Inductor, each step measured once). This module
-holds the order of those fits, as a mixin of ``dynamo_backend.RematBackend``: plans priced for the
-fused program first, then priced unfused, then (``chunk_loss=None``) the loss chunked; where none fits,
+holds the order of those fits, as a mixin of ``dynamo_backend.RematBackend``: plans of the fused
+model first (prices, and the backward tensors Inductor never allocates: ``annotate.fused_costs``),
+then priced fused with every backward tensor counted, then priced unfused, then
+(``chunk_loss=None``) the loss chunked; where none fits,
 the eager fallback (Inductor by default, not by request) or one last fit that searches the user's
 budget longer before refusing it. A fit that ended before under the same settings is measured first
 from the plan cache (``inductor_fit.refit``).
@@ -39,7 +41,10 @@ class PeakFitting:
 
     def _compile_fitted(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
         """Compile with Inductor at the plan whose compiled step's measured peak fits the budget.
-        Plans priced for the fused program (``annotate.fused_costs``) are fitted first; where none
+        Plans of the fused model (``annotate.fused_costs``) are fitted first; then the same prices
+        with every backward tensor counted (a model low where Inductor's multi-output kernels hold
+        several at once can refuse where it fits: HF BERT at its checkpointing's compiled peak,
+        benchmarks/VS_INDUCTOR.md, "The backward's fused tensors"); where none
         fits, plans priced unfused: the fused prices recompute more pointwise values, and where
         Inductor materializes them (its own order, multi-output kernels) the compiled step can peak
         over every such plan (HF GPT-2 at torch's 0.1 point: 1.004-1.18 of the budget, where the
@@ -54,6 +59,15 @@ class PeakFitting:
             return nothing.compiled
         except solvers.BudgetInfeasibleError as error:
             refused = error
+        logger.info("no plan of the fused model fits (%s); fitting plans priced fused, every backward tensor "
+                    "counted", refused)
+        self._choosing.unfused_memory = True
+        try:
+            return self._fit(gm, example_inputs, self._compile, clamp=False)
+        except solvers.BudgetInfeasibleError as error:
+            refused = min((refused, error), key=lambda e: e.min_bytes)
+        finally:
+            self._choosing.unfused_memory = False
         logger.info("no plan priced for Inductor's fused program fits (%s); fitting plans priced unfused", refused)
         self._choosing.unfused_prices = True
         try:
