@@ -98,7 +98,7 @@ def test_at_torch_compiles_own_peak_the_inductor_step_recomputes_no_matmul_and_e
     assert plan.recomputed and plan.recompute_flops == 0, plan.summary()
 
 
-def _annotated_gpt(compiler: str, fused_prices: bool = True):
+def _annotated_gpt(compiler: str, fused_memory: bool = True):
     """The built-in GPT's joint graph as the given inner compiler's backend traces it (Inductor's
     decompositions: the cross-entropy backward a chain of pointwise ops), annotated."""
     from torch._functorch.partitioners import default_partition
@@ -121,7 +121,7 @@ def _annotated_gpt(compiler: str, fused_prices: bool = True):
     compiled(torch.randint(0, 512, (2, 32)), torch.randint(0, 512, (2, 32)))
     joint, = joints
     assert joint.compiler == compiler
-    return annotate(joint, device="cpu", fused_prices=fused_prices)
+    return annotate(joint, device="cpu", fused_memory=fused_memory)
 
 
 def _unallocated(annotated, phase: str = "backward") -> list[str]:
@@ -173,5 +173,5 @@ def test_the_graph_replay_leaves_out_what_the_fused_model_leaves_out(annotated_f
     assert graph_peak <= modelled
     if solver == "keep_all":
         assert graph_peak == modelled
-        unfused = _annotated_gpt("inductor", fused_prices=False).problem  # annotate rewrites a joint's meta: a fresh one
+        unfused = _annotated_gpt("inductor", fused_memory=False).problem  # annotate rewrites a joint's meta: a fresh one
         assert modelled < simulate_plan(unfused, solvers.solve(unfused, solver="keep_all")).peak_bytes
