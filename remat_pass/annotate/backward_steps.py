@@ -4,6 +4,7 @@ reads, the backward-only bytes live while it runs and its roofline time (``Backw
 from __future__ import annotations
 
 import operator
+from typing import Collection
 
 import torch
 from torch import fx
@@ -39,7 +40,7 @@ def backward_steps(
                 live.setdefault(key, nbytes)
         if node.op == "call_function":
             reads = {ids[s] for s in node.all_input_nodes if s in ids}
-            reads.update(_carried_of(node, carried))
+            reads.update(i for s in node.all_input_nodes for i in carried.get(s, ()))
             extra = scratch.get(node, 0)
             steps.append(BackwardStep(tuple(sorted(reads)), sum(live.values()) + extra, _op_seconds(node, profile), extra))
         for key in [k for k in live if last_use.get(k, index) <= index]:
@@ -56,7 +57,7 @@ def _ignored_storages(ids: dict[fx.Node, int], gradients: list[fx.Node | None]) 
 def _last_uses(order: list[fx.Node], unallocated: frozenset[fx.Node]) -> dict[StorageWeakRef, int]:
     """The position of each backward storage's last reader (an unallocated reader's readers read it)."""
     position = {node: index for index, node in enumerate(order)}
-    read_until = _read_until(order, position, unallocated)
+    read_until = reads_happen_at(order, unallocated)
     last_use: dict[StorageWeakRef, int] = {}
     for node in order:
         end = max((read_until[u] for u in node.users if u in position), default=position[node])
@@ -76,13 +77,11 @@ def _carried_reads(order: list[fx.Node], ids: dict[fx.Node, int], unallocated: f
     return carried
 
 
-def _carried_of(node: fx.Node, carried: dict[fx.Node, set[int]]) -> set[int]:
-    return {i for s in node.all_input_nodes for i in carried.get(s, ())}
-
-
-def _read_until(order: list[fx.Node], position: dict[fx.Node, int], unallocated: frozenset[fx.Node]) -> dict[fx.Node, int]:
-    """When each backward op's reads really happen: at its own position, or for an unallocated
-    (fused) op, when the last of its readers' kernels runs."""
+def reads_happen_at(order: list[fx.Node], unallocated: Collection[fx.Node]) -> dict[fx.Node, int]:
+    """Where in ``order`` each node's reads of its inputs really happen: at its own position, or for
+    an unallocated (fused) node, where the last of its readers' kernels runs (``rewrite.simulate``'s
+    replay counts the same)."""
+    position = {node: index for index, node in enumerate(order)}
     until: dict[fx.Node, int] = {}
     for node in reversed(order):
         if node in unallocated:

@@ -39,6 +39,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._pytree import tree_flatten
 
 from ..annotate.annotate import META_KEY
+from ..annotate.backward_steps import reads_happen_at
 from ..compat import concrete_int
 
 FORWARD, BACKWARD = "forward", "backward"
@@ -125,7 +126,7 @@ class _Replay:
     def run(self, graph: fx.Graph, phase: str, pinned: set[StorageWeakRef]) -> None:
         """Execute ``graph``'s nodes; storages in ``pinned`` outlive the graph."""
         nodes = list(graph.nodes)
-        fused = {node for node in nodes if _unallocated(node, phase)}
+        fused = {node for node in nodes if getattr(node.meta.get(META_KEY), "unallocated", False)}
         last_use = _storage_last_use(nodes, fused)
         frees: dict[int, list[StorageWeakRef]] = {}
         for key, index in last_use.items():
@@ -141,21 +142,11 @@ class _Replay:
             self.free(frees.get(index, ()))
 
 
-def _unallocated(node: fx.Node, phase: str) -> bool:
-    """Marked by annotate as a backward tensor computed inside its readers' kernels (a forward value
-    recomputed in backward carries its forward meta: it is made there, as the plan's model counts it)."""
-    info = node.meta.get(META_KEY)
-    return getattr(info, "unallocated", False) and info.phase == phase
-
-
 def _storage_last_use(nodes: list[fx.Node], fused: set[fx.Node]) -> dict[StorageWeakRef, int]:
     """Index of the last node that reads (or, unread, produces) each storage; a ``fused`` node
     reads its inputs where its own last reader runs."""
     position = {node: index for index, node in enumerate(nodes)}
-    read_at: dict[fx.Node, int] = {}
-    for node in reversed(nodes):
-        read_at[node] = (max([read_at[u] for u in node.users if u.op != "output"], default=position[node])
-                         if node in fused else position[node])
+    read_at = reads_happen_at(nodes, fused)
     last: dict[StorageWeakRef, int] = {}
     for node in nodes:
         if node.op == "output":
